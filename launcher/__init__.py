@@ -1,0 +1,1 @@
+"""Login-node side of slurmtrain: compose, validate, plan, dispatch. Never imports torch at import time."""

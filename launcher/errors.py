@@ -1,0 +1,9 @@
+"""User-facing configuration errors: one line that names the fix, exit code 2."""
+
+from __future__ import annotations
+
+EXIT_BAD_INPUT = 2
+
+
+class ConfigError(Exception):
+    """Raised before anything is created, submitted or overwritten."""

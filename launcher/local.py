@@ -1,0 +1,140 @@
+"""Local debug mode: N worker processes on this machine, one per rank.
+
+Why not torchrun: its agent dies on SIGUSR1 and owns the terminal; we need to forward the preemption signal,
+show rank 0 live on the terminal and put every other rank in its own log file.
+
+Rank 0 writes to the terminal (and to logs/rank_0.log); the other ranks write to logs/rank_N.log. If any
+worker fails, the others are stopped and the failing worker's traceback is shown. Ctrl-C or SIGUSR1 to the
+launcher is forwarded to the workers as SIGUSR1 (checkpoint and exit); a second Ctrl-C stops them at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+GRACE_S = 30.0
+POLL_S = 0.1
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_env(rank: int, nproc: int, port: int, run_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # A SLURM allocation around the launcher must not leak into local workers' rank detection.
+    for key in [k for k in env if k.startswith("SLURM_")]:
+        del env[key]
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        SLURMTRAIN_LAUNCHER="local",
+        PYTHONUNBUFFERED="1",
+    )
+    if rank == 0:
+        env["SLURMTRAIN_LOG_FILE"] = str(run_dir / "logs" / "rank_0.log")
+    return env
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class WorkerGroup:
+    def __init__(self, config_path: Path, nproc: int) -> None:
+        self.config_path, self.nproc = config_path, nproc
+        self.run_dir = config_path.parent
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.log_paths: list[Path] = []
+        self.interrupts = 0
+
+    def start(self) -> None:
+        port = free_port()
+        cmd = [sys.executable, "-m", "train.entry", "--config", str(self.config_path)]
+        for rank in range(self.nproc):
+            log_path = self.run_dir / "logs" / f"rank_{rank}.log"
+            self.log_paths.append(log_path)
+            out = None if rank == 0 else log_path.open("ab")
+            # Own session: the terminal's Ctrl-C reaches the launcher only, which decides what workers get.
+            proc = subprocess.Popen(cmd, env=worker_env(rank, self.nproc, port, self.run_dir), stdout=out,
+                                    stderr=subprocess.STDOUT if out else None, start_new_session=True)
+            if out is not None:
+                out.close()
+            self.procs.append(proc)
+
+    def signal_all(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+
+    def on_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        self.interrupts += 1
+        if signum == signal.SIGUSR1 or self.interrupts == 1:
+            print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop "
+                  "(Ctrl-C again to stop them now)", file=sys.stderr)
+            self.signal_all(signal.SIGUSR1)
+        else:
+            self.signal_all(signal.SIGKILL)
+
+    def stop(self, deadline_s: float = GRACE_S) -> None:
+        self.signal_all(signal.SIGTERM)
+        end = time.monotonic() + deadline_s
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def wait(self) -> int:
+        """Wait for all workers; on the first failure stop the rest and report it."""
+        while True:
+            codes = [p.poll() for p in self.procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank, code = failed[0]
+                self.stop()
+                self.report_failure(rank, code)
+                return code if code > 0 else 128 - code
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(POLL_S)
+
+    def report_failure(self, rank: int, code: int) -> None:
+        reason = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        print(f"launcher: rank {rank} failed ({reason}); its log: {self.log_paths[rank]}", file=sys.stderr)
+        if rank != 0:
+            print(tail(self.log_paths[rank]), file=sys.stderr)
+
+
+def run_local(config_path: Path, nproc: int, handled: Sequence[int] = (signal.SIGINT, signal.SIGUSR1)) -> int:
+    group = WorkerGroup(config_path, nproc)
+    previous = {sig: signal.signal(sig, group.on_interrupt) for sig in handled}
+    try:
+        group.start()
+        return group.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if any(p.poll() is None for p in group.procs):
+            group.stop()

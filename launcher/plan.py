@@ -1,0 +1,204 @@
+"""Cross-field checks and derived values: world size, accumulation, run name; the plan printed before a run.
+
+Everything here is pure config arithmetic, so it runs on a login node without torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from launcher.errors import ConfigError
+
+CHOICES = {
+    "model.position": ("rope", "learned"),
+    "model.mlp": ("swiglu", "gelu"),
+    "model.norm": ("rmsnorm", "layernorm"),
+    "logger.backend": ("wandb", "none"),
+    "logger.mode": ("offline", "online", "disabled"),
+    "precision.compute_dtype": ("float32", "bfloat16", "float16"),
+}
+# Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
+# with more steps or another log interval resumes in the same directory.
+NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "trainer.max_steps", "trainer.log_every",
+                 "trainer.progress_bar")
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str  # local | slurm
+    world_size: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    global_batch_size: int
+    seq_len: int
+    n_params: int
+    run_dir: Path
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+    def summary(self) -> str:
+        return (
+            f"plan: {self.mode}, world size {self.world_size}, effective batch {self.global_batch_size} "
+            f"(micro {self.micro_batch_size} x accumulation {self.grad_accum_steps} x data-parallel "
+            f"{self.world_size}) = {self.tokens_per_step} tokens/step, model {self.n_params / 1e6:.1f}M "
+            f"parameters, run directory {self.run_dir}"
+        )
+
+
+def local_gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def tasks_per_node(cluster: Any) -> int:
+    if cluster.tasks_per_node:
+        return int(cluster.tasks_per_node)
+    return max(1, int(cluster.gpus_per_node))
+
+
+def world_size(cfg: DictConfig) -> int:
+    if cfg.cluster is not None:
+        return int(cfg.cluster.nodes) * tasks_per_node(cfg.cluster)
+    if cfg.local.nproc is not None:
+        return int(cfg.local.nproc)
+    return max(1, local_gpu_count())
+
+
+def count_parameters(m: Any) -> int:
+    d, v, layers = m.d_model, m.vocab_size, m.n_layers
+    head_dim = d // m.n_heads
+    kv_heads = m.n_kv_heads or m.n_heads
+    attn = d * d + 2 * kv_heads * head_dim * d + d * d
+    mlp = d * m.ffn_hidden * (3 if m.mlp == "swiglu" else 2)
+    norm = d if m.norm == "rmsnorm" else 2 * d
+    total = v * d + layers * (attn + mlp + 2 * norm) + norm
+    if m.position == "learned":
+        total += m.max_seq_len * d
+    if not m.tie_embeddings:
+        total += v * d
+    return total
+
+
+def derived_run_name(cfg: DictConfig) -> str:
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    for key in NAME_EXCLUDED:
+        node: Any = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.get(p, {})
+        node.pop(leaf, None)
+    digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{cfg.model.name}-{cfg.strategy.name}-{cfg.precision.name}-{digest}"
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value} is not one of {', '.join(allowed)}: set {key}={allowed[0]}")
+
+
+def _check_model(cfg: DictConfig) -> None:
+    m = cfg.model
+    if m.d_model % m.n_heads:
+        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
+    if m.n_kv_heads and m.n_heads % m.n_kv_heads:
+        raise ConfigError(f"model.n_heads={m.n_heads} is not a multiple of model.n_kv_heads={m.n_kv_heads}")
+    if m.position == "rope" and (m.d_model // m.n_heads) % 2:
+        raise ConfigError("rope needs an even head dimension: change model.d_model or model.n_heads")
+    if cfg.data.seq_len > m.max_seq_len:
+        raise ConfigError(
+            f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={m.max_seq_len}: "
+            f"set data.seq_len<={m.max_seq_len}"
+        )
+
+
+def _check_data(cfg: DictConfig) -> None:
+    if cfg.data.name == "tokens":
+        if not cfg.data.path:
+            raise ConfigError("data=tokens needs a token file: add data.path=/path/to/tokens.bin")
+        if not Path(cfg.data.path).is_file():
+            raise ConfigError(f"data.path={cfg.data.path} does not exist: point data.path at a token file")
+
+
+def _resolve_accumulation(cfg: DictConfig, world: int) -> int:
+    t = cfg.trainer
+    per_step = t.micro_batch_size * world
+    if t.global_batch_size is None:
+        return int(t.grad_accum_steps or 1)
+    if t.global_batch_size % per_step:
+        raise ConfigError(
+            f"trainer.global_batch_size={t.global_batch_size} is not divisible by trainer.micro_batch_size x "
+            f"world size = {t.micro_batch_size} x {world}: pick a global batch that is a multiple of {per_step}"
+        )
+    accum = t.global_batch_size // per_step
+    if t.grad_accum_steps is not None and t.grad_accum_steps != accum:
+        raise ConfigError(
+            f"trainer.grad_accum_steps={t.grad_accum_steps} disagrees with trainer.global_batch_size="
+            f"{t.global_batch_size} (micro {t.micro_batch_size} x world {world} needs {accum}): drop one of them"
+        )
+    return accum
+
+
+def _check_ranges(cfg: DictConfig, world: int) -> None:
+    t = cfg.trainer
+    for key in ("max_steps", "micro_batch_size", "log_every", "cpu_threads"):
+        if t[key] < 1:
+            raise ConfigError(f"trainer.{key}={t[key]} must be at least 1")
+    if t.grad_accum_steps is not None and t.grad_accum_steps < 1:
+        raise ConfigError(f"trainer.grad_accum_steps={t.grad_accum_steps} must be at least 1")
+    if world < 1:
+        raise ConfigError(f"world size {world} must be at least 1: set local.nproc>=1")
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr={cfg.optim.lr} must be positive")
+    if cfg.strategy.name == "single" and world > 1:
+        raise ConfigError(f"strategy=single runs one process but the world size is {world}: use strategy=ddp")
+
+
+def make_plan(cfg: DictConfig) -> Plan:
+    """Validate cfg and fill in the derived values in place (world size, accumulation, run name)."""
+    _check_choices(cfg)
+    world = world_size(cfg)
+    _check_ranges(cfg, world)
+    _check_model(cfg)
+    _check_data(cfg)
+    accum = _resolve_accumulation(cfg, world)
+    with open_dict(cfg):
+        cfg.trainer.grad_accum_steps = accum
+        cfg.trainer.global_batch_size = cfg.trainer.micro_batch_size * accum * world
+        if cfg.cluster is None:
+            cfg.local.nproc = world
+        if not cfg.run.name:
+            cfg.run.name = derived_run_name(cfg)
+    if "/" in cfg.run.name or cfg.run.name in (".", ".."):
+        raise ConfigError(f"run.name={cfg.run.name!r} must be a plain directory name: drop the slashes")
+    return Plan(
+        mode="local" if cfg.cluster is None else "slurm",
+        world_size=world,
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        grad_accum_steps=accum,
+        global_batch_size=cfg.trainer.global_batch_size,
+        seq_len=cfg.data.seq_len,
+        n_params=count_parameters(cfg.model),
+        run_dir=Path(cfg.run.root).expanduser().resolve() / cfg.run.name,
+    )

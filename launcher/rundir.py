@@ -1,0 +1,68 @@
+"""The run directory explains itself: resolved config, the exact command, package versions, git revision."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.errors import ConfigError
+from launcher.plan import derived_run_name
+
+PACKAGES = ("slurmtrain", "torch", "hydra-core", "omegaconf", "submitit", "deepspeed", "wandb", "numpy")
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _git_revision() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=False)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain"], capture_output=True,
+                               text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if rev.returncode:
+        return None
+    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def check_same_experiment(cfg: DictConfig, run_dir: Path) -> None:
+    """Re-using a run directory means resuming it: refuse if it holds a different experiment."""
+    existing = run_dir / "config.yaml"
+    if not existing.is_file():
+        return
+    old = OmegaConf.load(existing)
+    old_name, new_name = derived_run_name(old), derived_run_name(cfg)  # type: ignore[arg-type]
+    if old_name.rsplit("-", 1)[-1] != new_name.rsplit("-", 1)[-1]:
+        raise ConfigError(
+            f"{run_dir} holds a run with different training settings: pick another run.name (or run.root)"
+        )
+
+
+def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    argv = sys.argv if argv is None else argv
+    command = shlex.join([sys.executable, "-m", "launcher", *argv[1:]])
+    with (run_dir / "command.txt").open("a") as f:
+        f.write(command + "\n")
+    info = {"python": sys.version.split()[0], "packages": _versions(), "git_revision": _git_revision()}
+    (run_dir / "environment.json").write_text(json.dumps(info, indent=2) + "\n")
+    return config_path

@@ -1,0 +1,125 @@
+"""Rank, world and master address from SLURM, torchrun or local mode -> process group and device."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# Ports derived from the job id stay in this range, clear of the ephemeral range most kernels use.
+MASTER_PORT_RANGE = (20000, 29999)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str  # slurm | torchrun | local | single
+    node: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def tag(self) -> str:
+        return f"[rank {self.rank}/{self.world_size} {self.node}]"
+
+
+def master_port_for_job(job_id: str) -> int:
+    """A port that is the same on every task of one job and differs between jobs sharing a node."""
+    return random.Random(f"slurmtrain-{job_id}").randint(*MASTER_PORT_RANGE)
+
+
+def first_host(nodelist: str) -> str:
+    # submitit already parses SLURM's compressed node lists ("n[1-3,7]"); reuse it rather than a regex of ours.
+    from submitit.slurm.slurm import _parse_node_list
+
+    return _parse_node_list(nodelist)[0]
+
+
+def detect(environ: dict[str, str] | None = None) -> DistEnv:
+    env = dict(os.environ if environ is None else environ)
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    if "RANK" in env and "WORLD_SIZE" in env:
+        # torchrun and our local mode both export the torch env:// variables.
+        return DistEnv(
+            rank=int(env["RANK"]),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            world_size=int(env["WORLD_SIZE"]),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+            launcher=env.get("SLURMTRAIN_LAUNCHER", "torchrun"),
+            node=node,
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world = int(env["SLURM_NTASKS"])
+        nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
+        job_id = env.get("SLURM_ARRAY_JOB_ID", env["SLURM_JOB_ID"]) + "_" + env.get("SLURM_ARRAY_TASK_ID", "")
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]),
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            world_size=world,
+            local_world_size=max(1, world // max(1, nodes)),
+            master_addr=first_host(env.get("SLURM_STEP_NODELIST", env["SLURM_JOB_NODELIST"])),
+            master_port=int(env.get("MASTER_PORT") or master_port_for_job(job_id)),
+            launcher="slurm",
+            node=node,
+        )
+    return DistEnv(0, 0, 1, 1, "127.0.0.1", 29500, "single", node)
+
+
+def pick_backend(requested: str | None) -> str:
+    if requested:
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def device_for(env: DistEnv, backend: str) -> torch.device:
+    if backend == "nccl" and torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_process_group(env: DistEnv, backend: str, timeout_s: int = 600) -> None:
+    if env.world_size == 1 or dist.is_initialized():
+        return
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= dist.get_world_size()
+    return value
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if it is true on at least one (one tiny all-reduce)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())

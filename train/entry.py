@@ -1,0 +1,67 @@
+"""run(cfg): the callable that submitit pickles, the target of local workers, and usable under torchrun.
+
+    python -m train.entry --config RUN_DIR/config.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+
+def load_config(path: str | Path) -> Any:
+    # The resolved config is the contract with the launcher; merging it into the schema re-checks its keys.
+    from launcher.schema import Config
+
+    return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+
+
+def run(config_path: str | Path) -> int:
+    import torch
+
+    from train import distributed
+    from train.loop import train
+    from train.metrics import log, setup_logging
+
+    cfg = load_config(config_path)
+    run_dir = Path(config_path).resolve().parent
+    env = distributed.detect()
+    setup_logging(env)
+    # Reproducible CPU math needs a fixed thread count; it is a config value, not a property of the host.
+    torch.set_num_threads(cfg.trainer.cpu_threads)
+    if cfg.trainer.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    backend = distributed.pick_backend(cfg.local.backend if env.launcher == "local" else _cluster_backend(cfg))
+    device = distributed.device_for(env, backend)
+    distributed.init_process_group(env, backend)
+    try:
+        train(cfg, env, device, run_dir)
+    except BaseException:
+        log.exception("training failed")
+        raise
+    finally:
+        distributed.destroy_process_group()
+    return 0
+
+
+def _cluster_backend(cfg: Any) -> str | None:
+    if cfg.cluster is None:
+        return None
+    return cfg.cluster.backend
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="resolved config.yaml in the run directory")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return run(args.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

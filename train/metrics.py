@@ -1,0 +1,115 @@
+"""Rank-tagged logging, metrics.jsonl, wandb and the rank-0 progress bar."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from train.distributed import DistEnv
+
+log = logging.getLogger("slurmtrain")
+
+
+def setup_logging(env: DistEnv) -> None:
+    """Every line carries the rank and node; a file handler is added when the launcher asks for one."""
+    fmt = logging.Formatter(f"%(asctime)s {env.tag()} %(message)s", datefmt="%H:%M:%S")
+    log.handlers.clear()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(fmt)
+    log.addHandler(stream)
+    log_file = os.environ.get("SLURMTRAIN_LOG_FILE")
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(log_file)
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+
+
+class MetricsLogger:
+    """Rank 0 writes; other ranks hold a no-op instance so the loop needs no rank checks."""
+
+    def __init__(self, cfg: Any, env: DistEnv, run_dir: Path, max_steps: int) -> None:
+        self.enabled = env.is_main
+        self.max_steps = max_steps
+        self.path = run_dir / "metrics.jsonl"
+        self.wandb_run: Any = None
+        self.progress: Any = None
+        self._last_time = time.perf_counter()
+        self._last_tokens = 0
+        self.cfg, self.run_dir = cfg, run_dir
+
+    def start(self, step: int, tokens: int, wandb_id: str | None, config: dict[str, Any]) -> None:
+        self._last_time, self._last_tokens = time.perf_counter(), tokens
+        if not self.enabled:
+            return
+        if self.cfg.logger.backend == "wandb":
+            self.wandb_run = _init_wandb(self.cfg, self.run_dir, wandb_id, config)
+        if self.cfg.trainer.progress_bar and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self.progress.start()
+            self._task = self.progress.add_task("", total=self.max_steps, completed=step)
+
+    @property
+    def wandb_id(self) -> str | None:
+        return None if self.wandb_run is None else self.wandb_run.id
+
+    def tick(self, step: int, loss: float | None) -> None:
+        if self.progress is not None:
+            desc = "" if loss is None else f"loss {loss:.4f}"
+            self.progress.update(self._task, completed=step, description=desc)
+
+    def log(self, step: int, tokens: int, **values: float) -> dict[str, float]:
+        now = time.perf_counter()
+        elapsed = max(now - self._last_time, 1e-9)
+        row = {"step": step, **values, "tokens_per_s": (tokens - self._last_tokens) / elapsed, "tokens": tokens}
+        self._last_time, self._last_tokens = now, tokens
+        if not self.enabled:
+            return row
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(row, step=step)
+        if self.progress is None:
+            log.info(
+                "step %d/%d loss %.4f lr %.3g tok/s %.0f",
+                step, self.max_steps, row["loss"], row["lr"], row["tokens_per_s"],
+            )
+        return row
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def _init_wandb(cfg: Any, run_dir: Path, run_id: str | None, config: dict[str, Any]) -> Any:
+    import wandb
+
+    return wandb.init(
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        mode=cfg.logger.mode,
+        dir=str(run_dir),
+        name=cfg.run.name,
+        id=run_id,
+        # A requeued or re-run job continues the same curve.
+        resume="allow",
+        config=config,
+    )

@@ -1,0 +1,70 @@
+"""The strategy protocol and the torch-native implementation the wrappers share."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from train.optim import build_optimizer, build_scheduler
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Strategy:
+    """How a model is wrapped, how gradients are produced and applied.
+
+    Subclasses override `wrap` (and, for engines that own the optimizer, the step methods).
+    """
+
+    name = "base"
+
+    def __init__(self, cfg: Any, env: Any, device: torch.device) -> None:
+        self.cfg, self.env, self.device = cfg, env, device
+        self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+
+    # -- set-up --------------------------------------------------------------------------------------------
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def setup(self, model: nn.Module) -> nn.Module:
+        model = self.wrap(model.to(self.device))
+        self.model = model
+        self.optimizer = build_optimizer(model, self.cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
+        return model
+
+    # -- one optimizer step --------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    @contextlib.contextmanager
+    def accumulation(self, is_last_micro_step: bool) -> Iterator[None]:
+        """Context for one micro step; wrappers skip the gradient sync unless it is the last."""
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def optimizer_step(self) -> float:
+        """Clip, step, schedule, zero; returns the gradient norm before clipping."""
+        assert self.model is not None and self.optimizer is not None and self.scheduler is not None
+        clip = self.cfg.optim.grad_clip
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def current_lr(self) -> float:
+        assert self.optimizer is not None
+        return float(self.optimizer.param_groups[0]["lr"])

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from train.strategies.base import Strategy
+
+
+class DDPStrategy(Strategy):
+    """Full replica per rank; gradients all-reduced in buckets, skipped on non-final micro steps."""
+
+    name = "ddp"
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.env.world_size == 1:
+            return model
+        s = self.cfg.strategy
+        return DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            bucket_cap_mb=s.bucket_cap_mb,
+            gradient_as_bucket_view=s.gradient_as_bucket_view,
+        )
+
+    @contextlib.contextmanager
+    def accumulation(self, is_last_micro_step: bool) -> Iterator[None]:
+        if is_last_micro_step or not isinstance(self.model, DistributedDataParallel):
+            yield
+        else:
+            with self.model.no_sync():
+                yield
