@@ -8,7 +8,7 @@ This module imports nothing heavy: the launcher must stay torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -22,7 +22,7 @@ class ModelConfig:
     n_layers: int = 2
     n_heads: int = 4
     # Grouped-query attention: fewer key/value heads than query heads (Llama 3); None means n_heads.
-    n_kv_heads: Optional[int] = None
+    n_kv_heads: int | None = None
     ffn_hidden: int = 256
     max_seq_len: int = 64
     # The two families we size: GPT-2 (learned positions, GELU MLP, LayerNorm, tied embeddings) and
@@ -45,7 +45,7 @@ class DataConfig:
     # synthetic: probability that the next token follows the hidden transition table (the learnable part).
     signal: float = 0.9
     # tokens: a flat binary file of token ids (numpy memmap).
-    path: Optional[str] = None
+    path: str | None = None
     dtype: str = "uint16"
     shuffle: bool = True
 
@@ -83,9 +83,9 @@ class TrainerConfig:
     max_steps: int = 100
     micro_batch_size: int = 8
     # None: derived from global_batch_size (or 1 when that is unset too).
-    grad_accum_steps: Optional[int] = None
+    grad_accum_steps: int | None = None
     # Sequences per optimizer step across all ranks; None: micro x accumulation x data-parallel size.
-    global_batch_size: Optional[int] = None
+    global_batch_size: int | None = None
     seed: int = 1234
     log_every: int = 10
     # Force the deterministic-algorithms switch of torch (bitwise-reproducible resume tests).
@@ -101,15 +101,15 @@ class RunConfig:
     root: str = "outputs"
     # None: derived from the config (model, strategy, precision and a hash of the training settings), so the
     # same command lands in the same run directory.
-    name: Optional[str] = None
+    name: str | None = None
 
 
 @dataclass
 class LocalConfig:
     # Worker processes in local mode; None: the number of local GPUs, else 1.
-    nproc: Optional[int] = None
+    nproc: int | None = None
     # gloo on CPU, nccl with GPUs; None picks.
-    backend: Optional[str] = None
+    backend: str | None = None
 
 
 @dataclass
@@ -118,7 +118,7 @@ class LoggerConfig:
     # offline by default: nothing leaves the machine unless the user opts in.
     mode: str = "offline"  # offline | online | disabled
     project: str = "slurmtrain"
-    entity: Optional[str] = None
+    entity: str | None = None
 
 
 @dataclass
@@ -135,18 +135,18 @@ class ClusterConfig:
     nodes: int = 1
     gpus_per_node: int = 0
     # Tasks (ranks) per node: one per GPU, or this many on a CPU cluster.
-    tasks_per_node: Optional[int] = None
-    gpu_type: Optional[str] = None
+    tasks_per_node: int | None = None
+    gpu_type: str | None = None
     gpu_memory_gb: float = 0.0
     # Dense peak TFLOP/s per GPU, keyed by precision name (bf16, fp16, fp32).
     peak_tflops: dict[str, float] = field(default_factory=dict)
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
     time_limit_min: int = 60
     cpus_per_task: int = 1
-    mem_per_task_gb: Optional[float] = None
-    constraint: Optional[str] = None
+    mem_per_task_gb: float | None = None
+    constraint: str | None = None
     exclusive: bool = False
     backend: str = "nccl"
     setup: list[str] = field(default_factory=list)
@@ -154,7 +154,7 @@ class ClusterConfig:
     signal: str = "USR1"
     signal_lead_s: int = 90
     max_requeues: int = 3
-    price_per_gpu_hour: Optional[float] = None
+    price_per_gpu_hour: float | None = None
     extra_sbatch: dict[str, Any] = field(default_factory=dict)
 
 
@@ -170,7 +170,7 @@ class Config:
     local: LocalConfig = field(default_factory=LocalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
-    cluster: Optional[ClusterConfig] = None
+    cluster: ClusterConfig | None = None
 
 
 def register() -> None:

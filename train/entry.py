@@ -39,6 +39,9 @@ def run(config_path: str | Path) -> int:
     backend = distributed.pick_backend(cfg.local.backend if env.launcher == "local" else _cluster_backend(cfg))
     device = distributed.device_for(env, backend)
     distributed.init_process_group(env, backend)
+    # Every rank says where it runs: the first thing to read when a multi-node job hangs.
+    log.info("joined via %s: backend %s, device %s, master %s:%d, pid %d", env.launcher, backend, device,
+             env.master_addr, env.master_port, os.getpid())
     try:
         train(cfg, env, device, run_dir)
     except BaseException:

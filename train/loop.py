@@ -19,6 +19,13 @@ from train.strategies import build_strategy
 
 
 @dataclass
+class TrainResult:
+    state: TrainState
+    model: torch.nn.Module
+    losses: dict[int, float]
+
+
+@dataclass
 class TrainState:
     step: int = 0
     # Global sample index of the next sample: the data position, independent of the world size.
@@ -33,7 +40,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainState:
+def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainResult:
     t = cfg.trainer
     # Same seed on every rank for the initial weights; DDP also broadcasts them, FSDP needs them equal.
     seed_everything(t.seed)
@@ -49,6 +56,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainS
     global_batch = t.micro_batch_size * accum * dp_size
     seq_len = cfg.data.seq_len
     state = TrainState()
+    losses: dict[int, float] = {}
 
     if env.is_main:
         log.info(
@@ -79,6 +87,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainS
             state.tokens += global_batch * seq_len
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps):
                 loss_value = float(all_reduce_mean(loss_sum / accum))
+                losses[state.step] = loss_value
                 metrics.log(state.step, state.tokens, loss=loss_value, lr=lr, grad_norm=grad_norm)
                 metrics.tick(state.step, loss_value)
             else:
@@ -87,7 +96,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainS
         metrics.close()
     if env.is_main:
         log.info("finished at step %d (%d tokens)", state.step, state.tokens)
-    return state
+    return TrainResult(state, model, losses)
 
 
 def _plain(cfg: Any) -> dict[str, Any]:
@@ -96,4 +105,4 @@ def _plain(cfg: Any) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-__all__ = ["TrainState", "train", "asdict"]
+__all__ = ["TrainResult", "TrainState", "train", "asdict"]

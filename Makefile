@@ -1,0 +1,51 @@
+# The Makefile is the contract: CI calls the same targets a person does.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+PYTEST ?= $(PYTHON) -m pytest
+# Torch first and pinned: on these machines 2.13.0 is a CPU wheel already on disk; an unpinned torch would pull
+# several GB of CUDA packages. Override on a GPU box: make install TORCH_SPEC=torch
+TORCH_SPEC ?= torch==2.13.0
+
+.DEFAULT_GOAL := help
+.PHONY: help install test test-unit test-dist test-slurm test-gpu lint bench slurm-install slurm-up slurm-down clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+install: ## install slurmtrain (editable) with its dev and deepspeed extras
+	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install -e '.[dev,deepspeed]'
+
+test: ## run every test tier this machine supports (unit, dist, slurm when `make slurm-up` ran, gpu with CUDA)
+	$(PYTEST) tests -q
+
+test-unit: ## fast unit tests
+	$(PYTEST) tests/unit -q
+
+test-dist: ## multi-process gloo tests
+	$(PYTEST) tests/dist -q
+
+test-slurm: ## tests against the local SLURM cluster (run `make slurm-up` first)
+	$(PYTEST) tests/slurm -q
+
+test-gpu: ## CUDA tests (skipped without a GPU)
+	$(PYTEST) tests/gpu -q
+
+lint: ## ruff and mypy
+	$(PYTHON) -m ruff check launcher train tests bench
+	$(PYTHON) -m mypy launcher
+
+bench: ## benchmarks under bench/, reported as ratios measured in one run
+	$(PYTHON) -m bench
+
+slurm-install: ## install the Debian packages for the local SLURM cluster
+	bash scripts/slurm/install.sh
+
+slurm-up: slurm-install ## bring up a local SLURM cluster (controller, accounting, nodes n1 n2)
+	bash scripts/slurm/up.sh
+
+slurm-down: ## tear the local SLURM cluster down
+	bash scripts/slurm/down.sh
+
+clean: ## remove caches and local outputs
+	rm -rf outputs multirun .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,24 @@
+"""Compose the config outside `python -m launcher` (tests, benchmarks, notebooks): same groups, same checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from launcher.plan import Plan, make_plan
+from launcher.schema import register
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name="config", overrides=list(overrides or []))
+
+
+def compose_and_plan(overrides: list[str] | None = None) -> tuple[DictConfig, Plan]:
+    cfg = compose_config(overrides)
+    return cfg, make_plan(cfg)

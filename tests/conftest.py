@@ -1,0 +1,85 @@
+"""Shared fixtures and tier gating: slurm tests need `make slurm-up`; gpu tests need CUDA."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1")
+    env.pop("WANDB_API_KEY", None)
+    env.update(extra)
+    return env
+
+
+def launch(*overrides: str, cwd: Path | None = None, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `python -m launcher OVERRIDES` as a user would and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *overrides],
+        cwd=cwd or ROOT, env=launcher_env(**env), capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def hq(value: object) -> str:
+    """Quote a value for a Hydra override (paths with spaces or quotes), as a user would in the shell."""
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def run_root(tmp_path: Path) -> Path:
+    # Shell-hostile on purpose: spaces and quotes must survive every layer (argv lists, sbatch, srun).
+    root = tmp_path / "runs with space's"
+    root.mkdir()
+    return root
+
+
+def slurm_available() -> bool:
+    if shutil.which("scontrol") is None:
+        return False
+    try:
+        return subprocess.run(["scontrol", "ping"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    need_slurm = any("slurm" in item.keywords for item in items)
+    has_slurm = slurm_available() if need_slurm else False
+    has_cuda = cuda_available() if any("gpu" in item.keywords for item in items) else False
+    for item in items:
+        if "slurm" in item.keywords and not has_slurm:
+            if os.environ.get("CI"):
+                # In CI the cluster is part of the contract: a missing cluster is a failure, not a skip.
+                item.add_marker(pytest.mark.slurm_missing)
+            else:
+                item.add_marker(pytest.mark.skip(reason="no local SLURM cluster: run `make slurm-up`"))
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="no CUDA device on this machine"))
+
+
+@pytest.fixture(autouse=True)
+def _fail_without_slurm_in_ci(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("slurm_missing"):
+        pytest.fail("CI must run the slurm tier but no SLURM cluster answers `scontrol ping`: run `make slurm-up`")

@@ -1,0 +1,103 @@
+"""Compose-time and validation behaviour of `python -m launcher`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher.compose import compose_and_plan, compose_config
+from launcher.errors import ConfigError
+from launcher.plan import derived_run_name, make_plan
+from tests.conftest import hq, launch
+
+MODELS = ["tiny", "gpt2_124m", "gpt2_350m", "llama3_1b", "llama3_8b", "llama3_70b"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_preset_composes_and_validates(model: str) -> None:
+    cfg, plan = compose_and_plan([f"model={model}", "local.nproc=1"])
+    assert cfg.model.name == model
+    assert plan.seq_len == cfg.model.max_seq_len
+
+
+def test_bad_group_choice_names_the_valid_choices_and_creates_nothing(run_root: Path) -> None:
+    out = launch("strategy=nope", f"run.root={hq(run_root)}")
+    assert out.returncode == 2
+    assert "Could not find 'strategy/nope'" in out.stderr
+    assert "ddp" in out.stderr and "single" in out.stderr
+    assert list(run_root.iterdir()) == []
+
+
+def test_misspelled_key_is_named_and_creates_nothing(run_root: Path) -> None:
+    out = launch("trainer.max_step=5", f"run.root={hq(run_root)}")
+    assert out.returncode == 2
+    assert "max_step" in out.stderr and "TrainerConfig" in out.stderr
+    assert list(run_root.iterdir()) == []
+
+
+def test_wrong_type_fails_at_compose_time(run_root: Path) -> None:
+    out = launch("trainer.max_steps=many", f"run.root={hq(run_root)}")
+    assert out.returncode == 2
+    assert "max_steps" in out.stderr
+
+
+def test_global_batch_that_does_not_divide_is_one_line_exit_2(run_root: Path) -> None:
+    out = launch("trainer.global_batch_size=20", "trainer.micro_batch_size=8", "local.nproc=2",
+                 f"run.root={hq(run_root)}")
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "multiple of 16" in errors[0]
+    assert list(run_root.iterdir()) == []
+
+
+def test_global_batch_derives_accumulation() -> None:
+    cfg, plan = compose_and_plan(["trainer.global_batch_size=64", "trainer.micro_batch_size=4", "local.nproc=2"])
+    assert plan.grad_accum_steps == 8 and cfg.trainer.grad_accum_steps == 8
+    assert plan.global_batch_size == 64
+
+
+def test_conflicting_accumulation_is_refused() -> None:
+    cfg = compose_config(["trainer.global_batch_size=64", "trainer.micro_batch_size=4", "local.nproc=2",
+                          "trainer.grad_accum_steps=2"])
+    with pytest.raises(ConfigError, match="drop one of them"):
+        make_plan(cfg)
+
+
+def test_single_strategy_refuses_several_ranks() -> None:
+    with pytest.raises(ConfigError, match="use strategy=ddp"):
+        compose_and_plan(["strategy=single", "local.nproc=2"])
+
+
+def test_tokens_data_needs_a_path() -> None:
+    with pytest.raises(ConfigError, match="data.path="):
+        compose_and_plan(["data=tokens"])
+
+
+def test_seq_len_longer_than_model_context_is_refused() -> None:
+    with pytest.raises(ConfigError, match="data.seq_len<=64"):
+        compose_and_plan(["data.seq_len=128"])
+
+
+def test_derived_run_name_is_stable_and_tracks_training_settings() -> None:
+    base = derived_run_name(compose_config([]))
+    assert base == derived_run_name(compose_config([]))
+    assert base.startswith("tiny-ddp-fp32-")
+    # Settings that don't change what is trained keep the name (so the same run resumes) ...
+    assert base == derived_run_name(compose_config(["trainer.max_steps=999", "trainer.log_every=1"]))
+    # ... settings that do, change it.
+    assert base != derived_run_name(compose_config(["optim.lr=1e-4"]))
+
+
+def test_print_config_does_not_import_torch() -> None:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "--cfg", "job"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    assert OmegaConf.create(out.stdout).model.name == "tiny"
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "hydra" in imported
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
