@@ -123,3 +123,12 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def gather_hosts(env: DistEnv) -> list[str]:
+    """Node name of every rank, in rank order."""
+    if not (dist.is_initialized() and env.world_size > 1):
+        return [env.node]
+    hosts: list[str | None] = [None] * env.world_size
+    dist.all_gather_object(hosts, env.node)
+    return [str(h) for h in hosts]

@@ -42,6 +42,9 @@ def run(config_path: str | Path) -> int:
     # Every rank says where it runs: the first thing to read when a multi-node job hangs.
     log.info("joined via %s: backend %s, device %s, master %s:%d, pid %d", env.launcher, backend, device,
              env.master_addr, env.master_port, os.getpid())
+    hosts = distributed.gather_hosts(env)
+    if env.is_main:
+        log.info("world of %d ranks on %d host(s): %s", env.world_size, len(set(hosts)), ", ".join(hosts))
     try:
         train(cfg, env, device, run_dir)
     except BaseException:

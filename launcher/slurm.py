@@ -1,0 +1,222 @@
+"""Cluster config -> submitit executor parameters; sbatch rendering for dry runs; submission and following.
+
+One srun task per GPU (or per `tasks_per_node` on CPU clusters), no torchrun: under `srun torchrun` the agent
+would be killed by the preemption signal before the ranks could checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher import rundir
+from launcher.errors import ConfigError
+from launcher.plan import Plan, tasks_per_node
+
+# Environment variable names that must never be written into an sbatch script or a config dump.
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                   "DEADLINE")
+POLL_S = 2.0
+
+
+def validate_cluster(cfg: DictConfig) -> None:
+    c = cfg.cluster
+    if c.time_limit_min * 60 <= c.signal_lead_s:
+        raise ConfigError(
+            f"cluster.time_limit_min={c.time_limit_min} is not longer than the {c.signal_lead_s} s signal lead "
+            f"time: raise cluster.time_limit_min above {c.signal_lead_s // 60 + 1} or lower cluster.signal_lead_s"
+        )
+    if c.nodes < 1:
+        raise ConfigError(f"cluster.nodes={c.nodes} must be at least 1")
+    if c.backend == "nccl" and c.gpus_per_node < 1:
+        raise ConfigError("cluster.backend=nccl needs GPUs: set cluster.gpus_per_node or cluster.backend=gloo")
+    if not re.fullmatch(r"(SIG)?[A-Z0-9]+", c.signal):
+        raise ConfigError(f"cluster.signal={c.signal} is not a signal name: use USR1")
+    secrets = [k for k in c.env if SECRET_NAME.search(k)]
+    if secrets:
+        raise ConfigError(
+            f"cluster.env holds {', '.join(secrets)}: secrets are never written into sbatch scripts; "
+            "export them in your shell before submitting (sbatch passes your environment to the job)"
+        )
+
+
+def signal_name(cluster: Any) -> str:
+    return cluster.signal.removeprefix("SIG")
+
+
+def executor_parameters(cfg: DictConfig, plan: Plan) -> dict[str, Any]:
+    """The sbatch parameters, in the names submitit's SlurmExecutor takes."""
+    c = cfg.cluster
+    sig = signal_name(c)
+    params: dict[str, Any] = {
+        "job_name": cfg.run.name,
+        "nodes": c.nodes,
+        "ntasks_per_node": tasks_per_node(c),
+        "cpus_per_task": c.cpus_per_task,
+        "time": c.time_limit_min,
+        "partition": c.partition,
+        "account": c.account,
+        "qos": c.qos,
+        "constraint": c.constraint,
+        "exclusive": True if c.exclusive else None,
+        "stderr_to_stdout": False,
+        # One failed rank ends the step instead of leaving the others hanging in a collective.
+        "srun_args": ["--kill-on-bad-exit=1"],
+        "setup": setup_lines(c),
+        "additional_parameters": {
+            # Our signal, not submitit's USR2: every rank handles it, not rank 0 alone.
+            "signal": f"{sig}@{c.signal_lead_s}",
+            "requeue": True,
+            **dict(c.extra_sbatch),
+        },
+    }
+    if c.gpus_per_node:
+        params["gpus_per_node"] = c.gpus_per_node
+    if c.mem_per_task_gb:
+        params["mem"] = _mem(c.mem_per_task_gb * tasks_per_node(c))
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _mem(gb: float) -> str:
+    return f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
+
+
+def setup_lines(c: Any) -> list[str]:
+    import shlex
+
+    sig = signal_name(c)
+    lines = [
+        # `scancel --signal=USR1 --full` also signals the batch shell; without a trap bash would die and take
+        # the job with it before the ranks had checkpointed.
+        f"trap 'echo \"batch shell: got SIG{sig}; the training ranks checkpoint and requeue\" >&2' {sig}",
+        "export WANDB_RESUME=allow",
+    ]
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in c.env.items()]
+    lines += list(c.setup)
+    return lines
+
+
+def slurm_folder(run_dir: Path) -> Path:
+    return run_dir / "slurm"
+
+
+def render_sbatch(cfg: DictConfig, plan: Plan) -> str:
+    """The exact script submitit submits, rendered without a cluster (dry runs, login nodes without srun)."""
+    import shlex
+
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    folder = slurm_folder(plan.run_dir)
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return _make_sbatch_string(command=command, folder=folder, **executor_parameters(cfg, plan))
+
+
+def preflight(cfg: DictConfig) -> None:
+    """Checks against the live cluster, before anything is written or queued."""
+    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
+        raise ConfigError("no SLURM client here (sbatch not found): run on a login node, drop +cluster to run "
+                          "locally, or add launcher.dry_run=true")
+    part = cfg.cluster.partition
+    if part:
+        out = subprocess.run(["scontrol", "show", "partition", part], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            names = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=60)
+            valid = ", ".join(sorted(set(names.stdout.split()))) or "none found"
+            raise ConfigError(f"partition '{part}' does not exist on this cluster: set cluster.partition to one "
+                              f"of {valid}")
+
+
+def submit(cfg: DictConfig, plan: Plan) -> int:
+    validate_cluster(cfg)
+    if cfg.launcher.dry_run:
+        return dry_run(cfg, plan)
+    preflight(cfg)
+    import submitit
+
+    from train.entry import run as train_entry
+
+    config_path = rundir.prepare(cfg, plan.run_dir)
+    executor = submitit.SlurmExecutor(folder=slurm_folder(plan.run_dir), max_num_timeout=cfg.cluster.max_requeues)
+    executor.update_parameters(**executor_parameters(cfg, plan))
+    try:
+        job = executor.submit(train_entry, str(config_path))
+    except Exception as err:  # submitit wraps sbatch's refusal; show SLURM's own words, one line
+        message = " ".join(str(err).split())
+        raise ConfigError(f"sbatch refused the job: {message[-400:]}") from err
+    script = slurm_folder(plan.run_dir) / f"{job.job_id}_submission.sh"
+    if script.is_file():
+        shutil.copyfile(script, plan.run_dir / "sbatch.sh")
+    with (plan.run_dir / "jobs.txt").open("a") as f:
+        f.write(f"{job.job_id}\n")
+    # Ranks log to stderr; submitit keeps one file per task (rank).
+    log_out = job.paths.stderr
+    print(f"submitted job {job.job_id}\n"
+          f"  run directory: {plan.run_dir}\n"
+          f"  rank 0 log:    {log_out} (rank N: {_q(str(log_out).replace('_0_log', '_N_log'))})\n"
+          f"  follow:        squeue -j {job.job_id}; tail -f {_q(log_out)}\n"
+          f"  cancel:        scancel {job.job_id}\n"
+          f"  accounting:    sacct -j {job.job_id} -D")
+    if cfg.launcher.wait:
+        return follow(str(job.job_id), Path(log_out))
+    return 0
+
+
+def _q(path: Any) -> str:
+    import shlex
+
+    return shlex.quote(str(path))
+
+
+def dry_run(cfg: DictConfig, plan: Plan) -> int:
+    script = render_sbatch(cfg, plan)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (plan.run_dir / "sbatch.sh").write_text(script)
+    print(script)
+    print(f"dry run: nothing submitted; script written to {plan.run_dir / 'sbatch.sh'}", file=sys.stderr)
+    return 0
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(state, exit code) of the job's allocation as accounting sees it; ("", "") before it is recorded."""
+    out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"],
+                         capture_output=True, text=True, timeout=60)
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    if not lines:
+        return "", ""
+    state, _, code = lines[-1].partition("|")
+    return state.split()[0], code
+
+
+def follow(job_id: str, log_path: Path) -> int:
+    """Stream the rank-0 log until the job ends; exit 0 only if SLURM says COMPLETED."""
+    offset = 0
+    while True:
+        offset = _print_new(log_path, offset)
+        state, code = job_state(job_id)
+        if state.startswith(TERMINAL_STATES):
+            _print_new(log_path, offset)
+            print(f"job {job_id} ended: {state} (exit code {code})", file=sys.stderr)
+            return 0 if state == "COMPLETED" else 1
+        time.sleep(POLL_S)
+
+
+def _print_new(path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return offset
+    if data:
+        sys.stdout.write(data.decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + len(data)
