@@ -27,6 +27,9 @@ def dispatch(cfg: DictConfig) -> int:
     from launcher.local import run_local
 
     config_path = rundir.prepare(cfg, plan.run_dir)
+    if plan.mode == "prepare":
+        print(config_path)
+        return 0
     return run_local(config_path, plan.world_size)
 
 

@@ -34,7 +34,7 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "trainer.max_s
 
 @dataclass(frozen=True)
 class Plan:
-    mode: str  # local | slurm
+    mode: str  # local | slurm | prepare
     world_size: int
     micro_batch_size: int
     grad_accum_steps: int
@@ -76,6 +76,10 @@ def tasks_per_node(cluster: Any) -> int:
 
 
 def world_size(cfg: DictConfig) -> int:
+    if cfg.launcher.prepare_only:
+        if "SLURM_NTASKS" not in os.environ:
+            raise ConfigError("launcher.prepare_only=true runs inside an allocation: use it from an sbatch script")
+        return int(os.environ["SLURM_NTASKS"])
     if cfg.cluster is not None:
         return int(cfg.cluster.nodes) * tasks_per_node(cfg.cluster)
     if cfg.local.nproc is not None:
@@ -193,7 +197,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     if "/" in cfg.run.name or cfg.run.name in (".", ".."):
         raise ConfigError(f"run.name={cfg.run.name!r} must be a plain directory name: drop the slashes")
     return Plan(
-        mode="local" if cfg.cluster is None else "slurm",
+        mode="prepare" if cfg.launcher.prepare_only else "local" if cfg.cluster is None else "slurm",
         world_size=world,
         micro_batch_size=cfg.trainer.micro_batch_size,
         grad_accum_steps=accum,

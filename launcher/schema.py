@@ -127,6 +127,9 @@ class LauncherConfig:
     dry_run: bool = False
     # Follow a submitted job until it ends and exit with its result.
     wait: bool = False
+    # Inside an sbatch allocation (sbatch/*.sbatch): write the run directory for SLURM_NTASKS ranks, print the
+    # config path and exit; the script then runs `srun python -m train.entry --config PATH`.
+    prepare_only: bool = False
 
 
 @dataclass

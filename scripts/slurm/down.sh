@@ -15,12 +15,20 @@ export SLURM_CONF=$STATE/etc/slurm.conf
 
 log() { echo "down.sh: $*"; }
 
-# Same check as up.sh: pid file's process must have the expected name.
+# running PID COMM: PID is a live (non-zombie) process named COMM. The name
+# check guards against stale pid files / pid reuse; zombies matter because
+# the container's pid 1 may reap orphaned daemons only every few seconds.
+running() {
+  [[ "$(cat "/proc/$1/comm" 2>/dev/null)" == "$2" ]] &&
+    ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+
+# pid_of PIDFILE COMM: print the pid from PIDFILE if it is running COMM.
 pid_of() {
   local pid
   [[ -r $1 ]] || return 1
   pid=$(tr -dc '0-9' < "$1")
-  [[ -n $pid && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]] || return 1
+  [[ -n $pid ]] && running "$pid" "$2" || return 1
   echo "$pid"
 }
 
@@ -34,7 +42,7 @@ stop() {
   fi
   kill -TERM "$pid" 2>/dev/null
   deadline=$((SECONDS + TIMEOUT))
-  while [[ -d /proc/$pid ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$comm" ]]; do
+  while running "$pid" "$comm"; do
     if ((SECONDS >= deadline)); then
       log "$name (pid $pid) ignored SIGTERM for ${TIMEOUT}s; sending SIGKILL"
       kill -KILL "$pid" 2>/dev/null

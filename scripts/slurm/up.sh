@@ -48,12 +48,14 @@ show_log() {
 }
 
 # pid_alive PIDFILE COMM: true if the pid in PIDFILE runs a process named COMM.
-# Checking the name guards against stale pid files after a reboot / pid reuse.
+# Checking the name guards against stale pid files after a reboot / pid reuse;
+# a zombie (dead daemon not yet reaped by a lazy pid 1) counts as dead.
 pid_alive() {
   local pid
   [[ -r $1 ]] || return 1
   pid=$(tr -dc '0-9' < "$1")
-  [[ -n $pid ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]]
+  [[ -n $pid ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]] &&
+    ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
 }
 
 # wait_for DESC LOGFILE PIDFILE COMM -- CMD...: poll CMD until it succeeds, for
@@ -199,11 +201,12 @@ else
       { show_log "$LOG/mariadb-install-db.log"; die "mariadb-install-db failed"; }
   fi
   # --no-defaults: ignore /etc/mysql (system instance's port/socket/datadir).
+  # No --log-error: mariadbd runs as mysql and can't open files in root's
+  # $LOG; without it, it logs to stderr, which we redirect there.
   # setsid -f: detach fully so CI's shell doesn't wait on / kill it.
   setsid -f mariadbd --no-defaults --user=mysql \
     --datadir="$DB_DIR/data" --socket="$DB_SOCK" --pid-file="$DB_PID" \
     --port="$DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
-    --log-error="$LOG/mariadb.log" \
     --innodb-lock-wait-timeout=900 \
     < /dev/null >> "$LOG/mariadb.log" 2>&1
   wait_for "mariadb" "$LOG/mariadb.log" "$DB_PID" mariadbd -- db_ping

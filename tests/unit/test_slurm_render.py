@@ -1,0 +1,44 @@
+"""Dry runs render the exact sbatch script without a cluster and without torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import hq, launch
+
+
+def test_a100x16_dry_run_script(run_root: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "launcher", "+cluster=a100x16", "strategy=ddp",
+         "launcher.dry_run=true", f"run.root={hq(run_root)}", "run.name=dry"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    script = out.stdout
+    for line in ["#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --requeue", "#SBATCH --signal=USR1@90", "export NCCL_IB_DISABLE=0"]:
+        assert line in script.splitlines(), line
+    assert "torchrun" not in script and "srun" in script
+    assert (run_root / "dry" / "sbatch.sh").read_text().strip() == script.strip()
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "submitit" in imported
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+
+
+def test_secrets_in_cluster_env_are_refused(run_root: Path) -> None:
+    out = launch("+cluster=a100x16", "launcher.dry_run=true", "+cluster.env.WANDB_API_KEY=abc123",
+                 f"run.root={hq(run_root)}", "run.name=sec")
+    assert out.returncode == 2
+    assert "WANDB_API_KEY" in out.stderr and "export them in your shell" in out.stderr
+    assert not (run_root / "sec").exists()
+
+
+def test_dry_run_config_and_script_hold_no_secret_from_the_environment(run_root: Path) -> None:
+    out = launch("+cluster=h100x64", "launcher.dry_run=true", f"run.root={hq(run_root)}", "run.name=env",
+                 WANDB_API_KEY="supersecret-token-123")
+    assert out.returncode == 0, out.stderr
+    for f in (run_root / "env").rglob("*"):
+        if f.is_file():
+            assert "supersecret" not in f.read_text()
