@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 EXIT_BAD_INPUT = 2
+# A worker that checkpointed and stopped without being requeued (local mode): the same command resumes.
+EXIT_STOPPED = 75
 
 
 class ConfigError(Exception):

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from launcher.errors import EXIT_STOPPED
+
 GRACE_S = 30.0
 POLL_S = 0.1
 
@@ -110,13 +112,17 @@ class WorkerGroup:
         """Wait for all workers; on the first failure stop the rest and report it."""
         while True:
             codes = [p.poll() for p in self.procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0, EXIT_STOPPED)]
             if failed:
                 rank, code = failed[0]
                 self.stop()
                 self.report_failure(rank, code)
                 return code if code > 0 else 128 - code
-            if all(c == 0 for c in codes):
+            if all(c is not None for c in codes):
+                if any(c == EXIT_STOPPED for c in codes):
+                    print(f"launcher: workers checkpointed and stopped; run the same command to resume "
+                          f"(run directory {self.run_dir})", file=sys.stderr)
+                    return EXIT_STOPPED
                 return 0
             time.sleep(POLL_S)
 

@@ -28,8 +28,8 @@ CHOICES = {
 }
 # Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
 # with more steps or another log interval resumes in the same directory.
-NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "trainer.max_steps", "trainer.log_every",
-                 "trainer.progress_bar")
+NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "trainer.max_steps",
+                 "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every")
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,8 @@ def _resolve_accumulation(cfg: DictConfig, world: int) -> int:
 
 def _check_ranges(cfg: DictConfig, world: int) -> None:
     t = cfg.trainer
+    if t.ckpt_every < 0 or cfg.checkpoint.keep_last < 1 or cfg.checkpoint.keep_every < 0:
+        raise ConfigError("trainer.ckpt_every and checkpoint.keep_every must be >= 0, checkpoint.keep_last >= 1")
     for key in ("max_steps", "micro_batch_size", "log_every", "cpu_threads"):
         if t[key] < 1:
             raise ConfigError(f"trainer.{key}={t[key]} must be at least 1")

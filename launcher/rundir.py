@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -13,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
 from launcher.plan import derived_run_name
+from train import ckpt_layout as layout
 
 PACKAGES = ("slurmtrain", "torch", "hydra-core", "omegaconf", "submitit", "deepspeed", "wandb", "numpy")
 
@@ -41,20 +43,40 @@ def _git_revision() -> str | None:
     return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def check_same_experiment(cfg: DictConfig, run_dir: Path) -> None:
-    """Re-using a run directory means resuming it: refuse if it holds a different experiment."""
+def check_run_dir(cfg: DictConfig, run_dir: Path) -> None:
+    """Re-using a run directory means resuming it. Refuse a different experiment, and never start over on top
+    of checkpoints unless told to (run.overwrite=true)."""
     existing = run_dir / "config.yaml"
-    if not existing.is_file():
+    if not existing.is_file() or cfg.run.overwrite:
         return
     old = OmegaConf.load(existing)
     old_name, new_name = derived_run_name(old), derived_run_name(cfg)  # type: ignore[arg-type]
     if old_name.rsplit("-", 1)[-1] != new_name.rsplit("-", 1)[-1]:
         raise ConfigError(
-            f"{run_dir} holds a run with different training settings: pick another run.name (or run.root)"
+            f"{run_dir} holds a run with different training settings: pick another run.name (or run.root), "
+            "or add run.overwrite=true to delete it"
+        )
+    latest = layout.latest_complete_checkpoint(run_dir)
+    if not cfg.run.resume and latest is not None:
+        raise ConfigError(
+            f"{run_dir} has a checkpoint at step {latest.step} and run.resume=false: add run.overwrite=true to "
+            "delete it and start over, or pick another run.name"
         )
 
 
+def clear_for_overwrite(run_dir: Path) -> None:
+    """run.overwrite=true: the user asked for a fresh start in this directory."""
+    for name in ("checkpoints", "metrics.jsonl", "wandb"):
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None) -> Path:
+    if cfg.run.overwrite:
+        clear_for_overwrite(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     config_path = run_dir / "config.yaml"

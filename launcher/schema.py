@@ -88,6 +88,8 @@ class TrainerConfig:
     global_batch_size: int | None = None
     seed: int = 1234
     log_every: int = 10
+    # Periodic (asynchronous) checkpoint interval in optimizer steps; 0: only on preemption and at the end.
+    ckpt_every: int = 100
     # Force the deterministic-algorithms switch of torch (bitwise-reproducible resume tests).
     deterministic: bool = True
     # Threads per rank for CPU math. Fixed (not derived from the host) so that the same seed gives the same
@@ -102,6 +104,20 @@ class RunConfig:
     # None: derived from the config (model, strategy, precision and a hash of the training settings), so the
     # same command lands in the same run directory.
     name: str | None = None
+    # Continue from the newest complete checkpoint of this run directory (a requeue does the same).
+    resume: bool = True
+    # With resume=false on a directory that has checkpoints: delete them and start over (never implicit).
+    overwrite: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    # Keep the newest N complete checkpoints ...
+    keep_last: int = 3
+    # ... plus every checkpoint whose step is a multiple of this (0: none).
+    keep_every: int = 0
+    # Periodic saves write in the background (DCP async_save); the preemption and final saves are synchronous.
+    async_save: bool = True
 
 
 @dataclass
@@ -156,6 +172,8 @@ class ClusterConfig:
     env: dict[str, str] = field(default_factory=dict)
     signal: str = "USR1"
     signal_lead_s: int = 90
+    # srun starts one task per rank. torchrun under srun is refused: its agent dies on the preemption signal.
+    launch: str = "srun"
     max_requeues: int = 3
     price_per_gpu_hour: float | None = None
     extra_sbatch: dict[str, Any] = field(default_factory=dict)
@@ -172,6 +190,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     cluster: ClusterConfig | None = None
 

@@ -29,6 +29,11 @@ POLL_S = 2.0
 
 def validate_cluster(cfg: DictConfig) -> None:
     c = cfg.cluster
+    if c.launch != "srun":
+        raise ConfigError(
+            f"cluster.launch={c.launch}: under SLURM the preemption signal ({c.signal}) would kill torchrun's agent "
+            "before the ranks could checkpoint; use cluster.launch=srun (one srun task per GPU)"
+        )
     if c.time_limit_min * 60 <= c.signal_lead_s:
         raise ConfigError(
             f"cluster.time_limit_min={c.time_limit_min} is not longer than the {c.signal_lead_s} s signal lead "

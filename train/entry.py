@@ -27,6 +27,7 @@ def run(config_path: str | Path) -> int:
     from train import distributed
     from train.loop import train
     from train.metrics import log, setup_logging
+    from train.preemption import RequeueLimitReached
 
     cfg = load_config(config_path)
     run_dir = Path(config_path).resolve().parent
@@ -46,13 +47,16 @@ def run(config_path: str | Path) -> int:
     if env.is_main:
         log.info("world of %d ranks on %d host(s): %s", env.world_size, len(set(hosts)), ", ".join(hosts))
     try:
-        train(cfg, env, device, run_dir)
+        result = train(cfg, env, device, run_dir)
+    except RequeueLimitReached as err:
+        log.error("%s", err)
+        raise
     except BaseException:
         log.exception("training failed")
         raise
     finally:
         distributed.destroy_process_group()
-    return 0
+    return result.exit_code
 
 
 def _cluster_backend(cfg: Any) -> str | None:

@@ -1,9 +1,9 @@
-"""The training loop: micro steps with accumulation, one optimizer step, logging."""
+"""The training loop: resume, micro steps with accumulation, one optimizer step, log, agree on stopping, save."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +11,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from train.data import build_source, load_micro_batch, micro_batch_indices
+from train.checkpoint import CheckpointManager
+from train.data import TokenSource, build_source, load_micro_batch, micro_batch_indices
 from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log
 from train.model import build_model
-from train.strategies import build_strategy
-
-
-@dataclass
-class TrainResult:
-    state: TrainState
-    model: torch.nn.Module
-    losses: dict[int, float]
+from train.preemption import PreemptionWatcher, after_stop
+from train.strategies import Strategy, build_strategy
 
 
 @dataclass
@@ -34,75 +29,120 @@ class TrainState:
     wandb_id: str | None = None
 
 
+@dataclass
+class TrainResult:
+    state: TrainState
+    model: torch.nn.Module
+    losses: dict[int, float]
+    # 0: finished or requeued; EXIT_STOPPED: checkpointed and stopped, the same command resumes.
+    exit_code: int = 0
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
+def restore(ckpt: CheckpointManager, cfg: Any, env: DistEnv) -> TrainState:
+    latest = ckpt.latest() if cfg.run.resume else None
+    if latest is None:
+        return TrainState()
+    saved = ckpt.load(latest)
+    state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
+    if env.is_main:
+        log.info("resumed from %s: step %d, %d samples consumed", latest.path, state.step, state.samples)
+    return state
+
+
+def new_wandb_id(cfg: Any, env: DistEnv) -> str | None:
+    if not env.is_main or cfg.logger.backend != "wandb":
+        return None
+    from wandb.util import generate_id
+
+    return str(generate_id())
+
+
+def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
+               env: DistEnv, device: torch.device) -> torch.Tensor:
+    """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync)."""
+    t = cfg.trainer
+    accum = t.grad_accum_steps
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(accum):
+        idx = micro_batch_indices(state.samples, micro, env.rank, env.world_size, t.micro_batch_size)
+        inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
+        with strategy.accumulation(micro == accum - 1):
+            with strategy.autocast():
+                logits = model(inputs)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            strategy.backward(loss / accum)
+        loss_sum += loss.detach()
+    return loss_sum / accum
+
+
 def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainResult:
     t = cfg.trainer
     # Same seed on every rank for the initial weights; DDP also broadcasts them, FSDP needs them equal.
     seed_everything(t.seed)
-    model = build_model(cfg.model)
     strategy = build_strategy(cfg, env, device)
-    model = strategy.setup(model)
-    # Per-rank stream for anything random after init (dropout).
+    model = strategy.setup(build_model(cfg.model))
+    # Per-rank stream for anything random after init (dropout); a resume restores the saved streams instead.
     seed_everything(t.seed + 1000 * env.rank)
+    ckpt = CheckpointManager(cfg, env, run_dir, strategy)
+    state = restore(ckpt, cfg, env)
+    state.wandb_id = state.wandb_id or new_wandb_id(cfg, env)
 
     source = build_source(cfg.data, cfg.model.vocab_size)
-    accum = t.grad_accum_steps
-    dp_size, dp_rank = env.world_size, env.rank
-    global_batch = t.micro_batch_size * accum * dp_size
-    seq_len = cfg.data.seq_len
-    state = TrainState()
-    losses: dict[int, float] = {}
-
+    global_batch = t.micro_batch_size * t.grad_accum_steps * env.world_size
     if env.is_main:
         log.info(
             "effective batch %d sequences (micro %d x accumulation %d x data-parallel %d) = %d tokens/step; "
             "strategy %s, precision %s, device %s",
-            global_batch, t.micro_batch_size, accum, dp_size, global_batch * seq_len,
+            global_batch, t.micro_batch_size, t.grad_accum_steps, env.world_size, global_batch * cfg.data.seq_len,
             strategy.name, cfg.precision.name, device,
         )
+    watcher = PreemptionWatcher(env, device, cfg.cluster.signal if cfg.cluster is not None else "USR1")
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
-    state.wandb_id = metrics.wandb_id
+    losses: dict[int, float] = {}
+    exit_code = 0
     try:
         while state.step < t.max_steps:
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(accum):
-                idx = micro_batch_indices(state.samples, micro, dp_rank, dp_size, t.micro_batch_size)
-                inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
-                with strategy.accumulation(micro == accum - 1):
-                    with strategy.autocast():
-                        logits = model(inputs)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-                    strategy.backward(loss / accum)
-                loss_sum += loss.detach()
             lr = strategy.current_lr()
+            loss = train_step(model, strategy, source, state, cfg, env, device)
             grad_norm = strategy.optimizer_step()
             state.step += 1
             state.samples += global_batch
-            state.tokens += global_batch * seq_len
+            state.tokens += global_batch * cfg.data.seq_len
+            logged: float | None = None
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps):
-                loss_value = float(all_reduce_mean(loss_sum / accum))
-                losses[state.step] = loss_value
-                metrics.log(state.step, state.tokens, loss=loss_value, lr=lr, grad_norm=grad_norm)
-                metrics.tick(state.step, loss_value)
-            else:
-                metrics.tick(state.step, None)
+                logged = losses[state.step] = float(all_reduce_mean(loss))
+                metrics.log(state.step, state.tokens, loss=logged, lr=lr, grad_norm=grad_norm)
+            metrics.tick(state.step, logged)
+            if state.step >= t.max_steps:
+                break
+            if watcher.stop_requested(state.step):
+                ckpt.save(state, blocking=True)
+                exit_code = after_stop(env, cfg, state.step)
+                break
+            if t.ckpt_every and state.step % t.ckpt_every == 0:
+                ckpt.save(state, blocking=False)
+            ckpt.poll()
+        else:
+            if env.is_main:
+                log.info("nothing to do: already at step %d of %d", state.step, t.max_steps)
+        if exit_code == 0 and state.step >= t.max_steps:
+            ckpt.save(state, blocking=True)
+            if env.is_main:
+                log.info("finished at step %d (%d tokens)", state.step, state.tokens)
     finally:
         metrics.close()
-    if env.is_main:
-        log.info("finished at step %d (%d tokens)", state.step, state.tokens)
-    return TrainResult(state, model, losses)
+        watcher.close()
+    return TrainResult(state, model, losses, exit_code)
 
 
 def _plain(cfg: Any) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-__all__ = ["TrainResult", "TrainState", "train", "asdict"]

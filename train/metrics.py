@@ -49,6 +49,8 @@ class MetricsLogger:
         self._last_time, self._last_tokens = time.perf_counter(), tokens
         if not self.enabled:
             return
+        if step > 0:
+            self._drop_rows_after(step)
         if self.cfg.logger.backend == "wandb":
             self.wandb_run = _init_wandb(self.cfg, self.run_dir, wandb_id, config)
         if self.cfg.trainer.progress_bar and sys.stderr.isatty():
@@ -64,6 +66,16 @@ class MetricsLogger:
             )
             self.progress.start()
             self._task = self.progress.add_task("", total=self.max_steps, completed=step)
+
+    def _drop_rows_after(self, step: int) -> None:
+        """On resume, rows past the checkpoint were logged by an attempt whose later steps are redone."""
+        if not self.path.is_file():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)
 
     @property
     def wandb_id(self) -> str | None:

@@ -28,6 +28,8 @@ class Strategy:
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        # Loss scaling for fp16 (None otherwise); part of the checkpointed training state.
+        self.scaler: Any = None
 
     # -- set-up --------------------------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -64,6 +66,13 @@ class Strategy:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def scaler_state_dict(self) -> dict[str, Any] | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_scaler_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
 
     def current_lr(self) -> float:
         assert self.optimizer is not None

@@ -1,0 +1,161 @@
+"""Save, load, resume and retention: the only code that touches checkpoint files (layout: ckpt_layout.py).
+
+Model and optimizer go through torch.distributed.checkpoint (DCP) with the FQN-keyed state dicts of
+torch.distributed.checkpoint.state_dict, so a checkpoint written by N ranks loads on M ranks. Periodic saves are
+asynchronous (DCP async_save on a gloo group of their own, at most one in flight); the save on preemption and at
+the end is synchronous. Rank 0 writes the COMPLETE marker only once the DCP save has finished on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from concurrent.futures import Future
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from train import ckpt_layout as layout
+from train.distributed import DistEnv
+from train.metrics import log
+
+# Fault injection for tests: "STEP" makes rank 0 SIGKILL itself after writing that step's shards, before its marker.
+TEST_KILL_ENV = "SLURMTRAIN_TEST_KILL_BEFORE_MARKER"
+
+
+class ModelOptimState(Stateful):
+    """Adapter DCP calls at save (state_dict) and after load (load_state_dict)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optim"])
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class CheckpointManager:
+    def __init__(self, cfg: Any, env: DistEnv, run_dir: Path, strategy: Any) -> None:
+        self.cfg, self.env, self.run_dir, self.strategy = cfg, env, Path(run_dir), strategy
+        # Async saves run collectives from a background thread: they get a gloo group of their own so they never
+        # interleave with the training collectives on the default group (which may be NCCL).
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.pending: tuple[int, Future[Any], Path] | None = None
+        self.last_saved_step = -1
+
+    # -- saving --------------------------------------------------------------------------------------------
+    def save(self, state: Any, *, blocking: bool) -> None:
+        if state.step == self.last_saved_step:
+            self.wait()
+            return
+        self.wait()  # at most one save in flight
+        path = layout.step_dir(self.run_dir, state.step)
+        if self.env.is_main:
+            if path.exists():  # left over from an interrupted attempt at this very step
+                layout.remove(layout.CheckpointDir(state.step, path))
+            path.mkdir(parents=True)
+        self._barrier()
+        torch.save(rng_state(), path / f"rng_rank{self.env.rank}.pt")
+        if self.env.is_main:
+            trainer_state = {**asdict(state), "scheduler": self.strategy.scheduler.state_dict(),
+                             "scaler": self.strategy.scaler_state_dict(), "world_size": self.env.world_size}
+            torch.save(trainer_state, path / "trainer_state.pt")
+            (path / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
+        self.last_saved_step = state.step
+        if blocking or not self.cfg.checkpoint.async_save:
+            dcp.save(target, checkpoint_id=path / "model_optim", process_group=self.group)
+            self._complete(state.step, path)
+        else:
+            future = dcp.async_save(target, checkpoint_id=path / "model_optim", process_group=self.group)
+            self.pending = (state.step, future, path)  # type: ignore[assignment]
+
+    def poll(self) -> None:
+        """Non-blocking: finish the in-flight save if its files are all written."""
+        if self.pending is not None and self.pending[1].done():
+            self.wait()
+
+    def wait(self) -> None:
+        if self.pending is None:
+            return
+        step, future, path = self.pending
+        self.pending = None
+        future.result()
+        self._complete(step, path)
+
+    def _complete(self, step: int, path: Path) -> None:
+        # DCP's save ends with the coordinator (rank 0) gathering every rank's write results, so once it returns
+        # on rank 0 all shards are on disk; the RNG files were written before the save started.
+        if not self.env.is_main:
+            return
+        if os.environ.get(TEST_KILL_ENV) == str(step):
+            # Fault injection for tests: die the hard way at the worst moment, shards written, marker not yet.
+            os.kill(os.getpid(), signal.SIGKILL)
+        layout.write_marker(path, step=step, world_size=self.env.world_size)
+        log.info("checkpoint step %d complete: %s", step, path)
+        for doomed in layout.to_delete(layout.list_checkpoints(self.run_dir), self.cfg.checkpoint.keep_last,
+                                       self.cfg.checkpoint.keep_every):
+            layout.remove(doomed)
+
+    def _barrier(self) -> None:
+        if self.group is not None:
+            dist.barrier(group=self.group)
+
+    # -- resuming ------------------------------------------------------------------------------------------
+    def latest(self) -> layout.CheckpointDir | None:
+        """Rank 0 decides (and reports incomplete ones); every rank gets the same answer."""
+        choice: list[Any] = [None]
+        if self.env.is_main:
+            for c in layout.incomplete_checkpoints(self.run_dir):
+                log.warning("ignoring incomplete checkpoint %s (no %s marker: interrupted while saving)",
+                            c.path, layout.MARKER)
+            latest = layout.latest_complete_checkpoint(self.run_dir)
+            choice = [None if latest is None else latest.step]
+        if self.group is not None:
+            dist.broadcast_object_list(choice, src=0, group=self.group)
+        if choice[0] is None:
+            return None
+        return layout.CheckpointDir(choice[0], layout.step_dir(self.run_dir, choice[0]))
+
+    def load(self, checkpoint: layout.CheckpointDir) -> dict[str, Any]:
+        target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
+        dcp.load(target, checkpoint_id=checkpoint.path / "model_optim", process_group=self.group)
+        trainer_state: dict[str, Any] = torch.load(checkpoint.path / "trainer_state.pt", weights_only=False)
+        self.strategy.scheduler.load_state_dict(trainer_state.pop("scheduler"))
+        self.strategy.load_scaler_state_dict(trainer_state.pop("scaler"))
+        rng_file = checkpoint.path / f"rng_rank{self.env.rank}.pt"
+        if rng_file.is_file() and trainer_state.get("world_size") == self.env.world_size:
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        elif self.env.is_main:
+            log.warning("world size changed (%s -> %d): RNG streams start fresh; data order is kept",
+                        trainer_state.get("world_size"), self.env.world_size)
+        self.last_saved_step = checkpoint.step
+        return trainer_state

@@ -1,0 +1,93 @@
+"""Where checkpoints live and which ones count. Pure stdlib: the launcher reads it on a login node too.
+
+    RUN_DIR/checkpoints/step_<N>/
+        model_optim/        torch.distributed.checkpoint (DCP) shards, or the DeepSpeed engine's files
+        trainer_state.pt    step, tokens, data position, scheduler, scaler, wandb run id (rank 0)
+        rng_rank<R>.pt      python, numpy, torch CPU and CUDA RNG states of rank R
+        config.yaml         the resolved config this checkpoint was trained with
+        COMPLETE            written last, by rank 0, once every rank's files are on disk
+
+A checkpoint without COMPLETE was interrupted (preemption, SIGKILL, node failure) and is never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = "COMPLETE"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    step: int
+    path: Path
+
+    @property
+    def complete(self) -> bool:
+        return (self.path / MARKER).is_file()
+
+
+def checkpoints_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return checkpoints_root(run_dir) / f"step_{step}"
+
+
+def list_checkpoints(run_dir: Path) -> list[CheckpointDir]:
+    root = checkpoints_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = STEP_DIR.match(entry.name)
+        if match and entry.is_dir():
+            found.append(CheckpointDir(int(match.group(1)), entry))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_complete_checkpoint(run_dir: Path) -> CheckpointDir | None:
+    complete = [c for c in list_checkpoints(run_dir) if c.complete]
+    return complete[-1] if complete else None
+
+
+def incomplete_checkpoints(run_dir: Path) -> list[CheckpointDir]:
+    return [c for c in list_checkpoints(run_dir) if not c.complete]
+
+
+def write_marker(path: Path, **info: object) -> None:
+    # Write-then-rename so the marker itself can never be seen half-written.
+    tmp = path / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps({"time": time.time(), **info}) + "\n")
+    tmp.rename(path / MARKER)
+
+
+def to_delete(checkpoints: list[CheckpointDir], keep_last: int, keep_every: int) -> list[CheckpointDir]:
+    """Retention: keep the newest `keep_last` complete checkpoints and every `keep_every`-th step.
+
+    Incomplete checkpoints older than the newest complete one are garbage; newer ones may still be written.
+    """
+    complete = [c for c in checkpoints if c.complete]
+    if not complete:
+        return []
+    newest = complete[-1].step
+    keep = {c.step for c in complete[-keep_last:]} if keep_last > 0 else {newest}
+    if keep_every > 0:
+        keep |= {c.step for c in complete if c.step % keep_every == 0}
+    doomed = [c for c in complete if c.step not in keep]
+    doomed += [c for c in checkpoints if not c.complete and c.step < newest]
+    return sorted(doomed, key=lambda c: c.step)
+
+
+def remove(checkpoint: CheckpointDir) -> None:
+    # Drop the marker first: a crash half-way through the delete leaves an incomplete (ignored) directory,
+    # never a "complete" one with missing shards.
+    (checkpoint.path / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(checkpoint.path, ignore_errors=True)
