@@ -58,7 +58,7 @@ def restore(ckpt: CheckpointManager, cfg: Any, env: DistEnv) -> TrainState:
 def new_wandb_id(cfg: Any, env: DistEnv) -> str | None:
     if not env.is_main or cfg.logger.backend != "wandb":
         return None
-    from wandb.util import generate_id
+    from wandb.sdk.lib.runid import generate_id
 
     return str(generate_id())
 
