@@ -92,6 +92,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
     ckpt = CheckpointManager(cfg, env, run_dir, strategy)
     state = restore(ckpt, cfg, env)
     state.wandb_id = state.wandb_id or new_wandb_id(cfg, env)
+    if cfg.checkpoint.async_save and 0 < t.ckpt_every < t.max_steps - state.step:
+        ckpt.prepare_async()
 
     source = build_source(cfg.data, cfg.model.vocab_size)
     global_batch = t.micro_batch_size * t.grad_accum_steps * env.world_size
@@ -136,6 +138,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
             ckpt.save(state, blocking=True)
             if env.is_main:
                 log.info("finished at step %d (%d tokens)", state.step, state.tokens)
+        ckpt.close()
     finally:
         metrics.close()
         watcher.close()

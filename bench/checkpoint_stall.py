@@ -1,0 +1,116 @@
+"""How long training stalls for an asynchronous checkpoint, as a ratio to a synchronous save of the same state.
+
+One process, the real model, strategy and CheckpointManager, one run. The stall of an async save is the time the
+training loop is blocked by it (DCP plans the save and copies the state into staging buffers that were allocated
+before training; the files are then written by a background thread while training goes on). It is compared
+with a synchronous save of the same state. Target: at most 10%.
+
+Also reported: on this CPU-only machine the background writer competes with training for the same cores and
+memory bandwidth, so steps taken while a save is in flight are slower; that slowdown is measured over a window
+of steps against the same window without a save (on a GPU node, training runs on the GPU and the cost is small).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TARGET_RATIO = 0.10
+OVERRIDES = ["model=gpt2_124m", "data.seq_len=64", "trainer.micro_batch_size=1", "strategy=single",
+             "local.nproc=1", "logger.backend=none", "trainer.max_steps=1000", "run.name=bench"]
+REPEATS = 3
+WINDOW_STEPS = 6
+
+
+def run() -> dict[str, Any]:
+    import torch
+
+    from launcher.compose import compose_and_plan
+    from train import distributed
+    from train.checkpoint import CheckpointManager
+    from train.data import build_source
+    from train.loop import TrainState, seed_everything, train_step
+    from train.model import build_model
+    from train.strategies import build_strategy
+
+    cfg, _ = compose_and_plan(OVERRIDES)
+    torch.set_num_threads(1)
+    env = distributed.detect({})
+    device = torch.device("cpu")
+    seed_everything(0)
+    strategy = build_strategy(cfg, env, device)
+    model = strategy.setup(build_model(cfg.model))
+    source = build_source(cfg.data, cfg.model.vocab_size)
+    state = TrainState()
+
+    def step() -> None:
+        train_step(model, strategy, source, state, cfg, env, device)
+        strategy.optimizer_step()
+        state.step += 1
+        state.samples += cfg.trainer.micro_batch_size
+
+    def window(save: bool) -> tuple[float, float, bool]:
+        """WINDOW_STEPS steps, an async save started before the first; (wall, blocking, finished in window)."""
+        t0 = time.perf_counter()
+        if save:
+            ckpt.save(state, blocking=False)
+        blocking = time.perf_counter() - t0
+        for _ in range(WINDOW_STEPS):
+            step()
+            ckpt.poll()
+        finished = ckpt.pending is None
+        wall = time.perf_counter() - t0
+        ckpt.wait()
+        return wall, blocking, finished
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = CheckpointManager(cfg, env, Path(tmp), strategy)
+        for _ in range(2):
+            step()  # warm-up; the optimizer state exists from here on
+        ckpt.prepare_async()  # as train() does before its first step
+        state_bytes = sum(p.numel() * p.element_size() * 3 for p in model.parameters())
+        sync_s, blocking_s, slowdown_s, finished = [], [], [], []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            ckpt.save(state, blocking=True)
+            sync_s.append(time.perf_counter() - t0)
+            step()
+            with_save, blocking, done = window(save=True)
+            without, _, _ = window(save=False)
+            blocking_s.append(blocking)
+            slowdown_s.append(with_save - without)
+            finished.append(done)
+        ckpt.close()
+    sync, blocking = statistics.median(sync_s), statistics.median(blocking_s)
+    ratio = blocking / sync
+    return {
+        "benchmark": "checkpoint_stall",
+        "config": OVERRIDES,
+        "torch": torch.__version__,
+        "state_mb": round(state_bytes / 2**20, 1),
+        "sync_save_s": round(sync, 4),
+        "async_stall_s": round(blocking, 4),
+        "stall_ratio": round(ratio, 4),
+        "target_ratio": TARGET_RATIO,
+        "target_met": ratio <= TARGET_RATIO,
+        "background_write_slowdown_s": round(statistics.median(slowdown_s), 4),
+        "background_write_slowdown_ratio": round(statistics.median(slowdown_s) / sync, 4),
+        "save_finished_within_window": finished,
+        "window_steps": WINDOW_STEPS,
+        "repeats": REPEATS,
+        "sync_save_s_all": [round(x, 4) for x in sync_s],
+        "async_stall_s_all": [round(x, 4) for x in blocking_s],
+    }
+
+
+def report(r: dict[str, Any]) -> str:
+    verdict = "met" if r["target_met"] else "MISSED"
+    return (f"checkpoint_stall: {r['state_mb']} MB of model+optimizer state; synchronous save "
+            f"{r['sync_save_s']:.3f} s; async save blocks training {r['async_stall_s']:.3f} s = "
+            f"{r['stall_ratio']:.1%} of the synchronous save (target <= {r['target_ratio']:.0%}: {verdict}). "
+            f"On this CPU-only machine the background write also slowed the {r['window_steps']} steps it overlapped "
+            f"by {r['background_write_slowdown_s']:.3f} s ({r['background_write_slowdown_ratio']:.1%} of a "
+            f"synchronous save)")

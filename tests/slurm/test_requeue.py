@@ -1,0 +1,61 @@
+"""The heart of the product on a real SLURM: USR1 mid-run -> checkpoint -> requeue -> exact resume."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import hq, launch, read_metrics
+from tests.slurm.helpers import poll, squeue_state, submitted_job_id, wait_terminal
+
+pytestmark = pytest.mark.slurm
+
+STEPS = 600
+
+
+def _steps_logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    return len(rows)
+
+
+def test_usr1_requeues_and_resumes_exactly(run_root: Path) -> None:
+    common = [f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.ckpt_every=0",
+              f"run.root={hq(run_root)}"]
+    out = launch("+cluster=local_slurm", "run.name=pre", *common)
+    assert out.returncode == 0, out.stderr
+    job_id = submitted_job_id(out.stdout)
+    run_dir = run_root / "pre"
+    poll(lambda: _steps_logged(run_dir) >= 5, 120, "training to start")
+    subprocess.run(["scancel", "--signal=USR1", "--full", job_id], check=True)
+    # The job checkpoints, requeues itself and waits for its BeginTime; release it as an operator would.
+    poll(lambda: squeue_state(job_id) == "PENDING", 120, "the job to be requeued")
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+    assert wait_terminal(job_id, timeout=300) == "COMPLETED"
+
+    history = subprocess.run(["sacct", "-j", job_id, "-D", "-X", "-n", "-o", "State"], capture_output=True,
+                             text=True).stdout.split()
+    assert "REQUEUED" in history and history[-1] == "COMPLETED", history
+    log = "".join(p.read_text() for p in sorted((run_dir / "slurm").glob(f"{job_id}_0_log.err")))
+    resumed = re.search(r"resumed from .*step_(\d+): step (\d+)", log)
+    assert resumed, log[-3000:]
+    stop_step = int(resumed.group(2))
+    assert 5 <= stop_step < STEPS
+    assert f"requeueing job {job_id}" in log
+
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # every step exactly once
+
+    reference = launch("local.nproc=2", "run.name=ref", *common)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert [r["loss"] for r in rows] == [r["loss"] for r in read_metrics(run_root / "ref")]
+
+    # One wandb run, continued: both attempts logged offline under the same run id.
+    attempts = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(attempts) == 2, attempts
+    assert len({p.name.rsplit("-", 1)[-1] for p in attempts}) == 1
