@@ -21,7 +21,21 @@ def load_config(path: str | Path) -> Any:
     return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
 
 
+TORCHRUN_UNDER_SLURM = (
+    "error: torchrun under SLURM is not supported: SLURM sends the preemption signal to every process of the "
+    "step, and torchrun's agent dies of it before the ranks can checkpoint. Start one srun task per GPU instead: "
+    "sbatch sbatch/multi_node.sbatch, or python -m launcher +cluster=NAME"
+)
+
+
+def check_launch(environ: dict[str, str]) -> None:
+    if "TORCHELASTIC_RUN_ID" in environ and "SLURM_JOB_ID" in environ:
+        print(TORCHRUN_UNDER_SLURM, file=sys.stderr)
+        raise SystemExit(2)
+
+
 def run(config_path: str | Path) -> int:
+    check_launch(dict(os.environ))
     import torch
 
     from train import distributed

@@ -1,0 +1,54 @@
+"""Failure paths a real cluster can't produce on demand: requeue limits, torchrun under SLURM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import hq, launch
+from train.distributed import DistEnv
+from train.entry import check_launch
+from train.preemption import RequeueLimitReached, after_stop, slurm_job_id
+
+
+def _env(launcher: str) -> DistEnv:
+    return DistEnv(rank=1, local_rank=0, world_size=2, local_world_size=1, master_addr="n1", master_port=1,
+                   launcher=launcher, node="n2")
+
+
+def test_requeue_limit_ends_the_job_with_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    cfg = OmegaConf.create({"cluster": {"max_requeues": 3}})
+    with pytest.raises(RequeueLimitReached, match=r"requeued 3 times \(cluster.max_requeues=3\)"):
+        after_stop(_env("slurm"), cfg, step=17)
+
+
+def test_below_the_limit_non_zero_ranks_leave_the_requeue_to_rank_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.setenv("PATH", "/nonexistent")  # rank 1 must not even try scontrol
+    assert after_stop(_env("slurm"), OmegaConf.create({"cluster": {"max_requeues": 3}}), step=17) == 0
+
+
+def test_array_tasks_requeue_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "100")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    assert slurm_job_id() == "100_1"
+
+
+def test_torchrun_inside_slurm_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        check_launch({"TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_ID": "7"})
+    assert exit_.value.code == 2
+    assert "one srun task per GPU" in capsys.readouterr().err
+    check_launch({"TORCHELASTIC_RUN_ID": "x"})  # torchrun outside SLURM is fine
+
+
+def test_torchrun_launch_config_is_refused(run_root: Path) -> None:
+    out = launch("+cluster=a100x16", "cluster.launch=torchrun", "launcher.dry_run=true", f"run.root={hq(run_root)}")
+    assert out.returncode == 2
+    assert "cluster.launch=srun" in out.stderr
