@@ -66,9 +66,23 @@ class OptimConfig:
 @dataclass
 class StrategyConfig:
     name: str = MISSING
-    # DDP knobs (ignored by other strategies).
+    # Which backend implements it: torch (single, ddp, fsdp, fsdp_grad_op, hsdp) or deepspeed (zero*).
+    backend: str = "torch"
+    # DDP knobs.
     bucket_cap_mb: int = 25
     gradient_as_bucket_view: bool = True
+    # FSDP2 (fully_shard per transformer block): free the gathered parameters after forward (ZeRO-3 layout)
+    # or keep them until backward (ZeRO-2 layout).
+    reshard_after_forward: bool = True
+    # HSDP: replicas across this many groups, sharded within each (None: the number of nodes).
+    replicate_degree: Optional[int] = None
+    # DeepSpeed ZeRO.
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    # Across strategies: recompute each transformer block's activations in backward; torch.compile each block.
+    activation_checkpointing: bool = False
+    compile: bool = False
 
 
 @dataclass

@@ -8,6 +8,7 @@ the end is synchronous. Rank 0 writes the COMPLETE marker only once the DCP save
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -98,8 +99,17 @@ class CheckpointManager:
                              "scaler": self.strategy.scaler_state_dict(), "world_size": self.env.world_size}
             torch.save(trainer_state, path / "trainer_state.pt")
             (path / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
-        target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
+        ds_config = getattr(self.strategy, "ds_config", None)
+        if self.env.is_main and ds_config is not None:
+            (path / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
         self.last_saved_step = state.step
+        if self.strategy.checkpoint_format == "deepspeed":
+            # DeepSpeed's own (collective, synchronous) save of its partitioned model and optimizer state.
+            self.strategy.model.save_checkpoint(str(path), tag="model_optim", save_latest=False)
+            self._barrier()  # every rank's partition is on disk before rank 0 marks the checkpoint complete
+            self._complete(state.step, path)
+            return
+        target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
         if blocking or not self.cfg.checkpoint.async_save:
             dcp.save(target, checkpoint_id=path / "model_optim", process_group=self.group)
             self._complete(state.step, path)
@@ -111,7 +121,7 @@ class CheckpointManager:
 
     def prepare_async(self) -> None:
         """Allocate the staging buffers now (one CPU copy of this rank's state), not during the first save."""
-        if self.stager is None:
+        if self.stager is None and self.strategy.checkpoint_format == "dcp":
             self.stager = DefaultStager(StagingOptions(False, False, False, False))
             self.stager.stage(ModelOptimState(self.strategy.model, self.strategy.optimizer).state_dict())
 
@@ -170,8 +180,12 @@ class CheckpointManager:
         return layout.CheckpointDir(choice[0], layout.step_dir(self.run_dir, choice[0]))
 
     def load(self, checkpoint: layout.CheckpointDir) -> dict[str, Any]:
-        target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
-        dcp.load(target, checkpoint_id=checkpoint.path / "model_optim", process_group=self.group)
+        if self.strategy.checkpoint_format == "deepspeed":
+            self.strategy.model.load_checkpoint(str(checkpoint.path), tag="model_optim", load_optimizer_states=True,
+                                                load_lr_scheduler_states=False)
+        else:
+            target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
+            dcp.load(target, checkpoint_id=checkpoint.path / "model_optim", process_group=self.group)
         trainer_state: dict[str, Any] = torch.load(checkpoint.path / "trainer_state.pt", weights_only=False)
         self.strategy.scheduler.load_state_dict(trainer_state.pop("scheduler"))
         self.strategy.load_scaler_state_dict(trainer_state.pop("scaler"))

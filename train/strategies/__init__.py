@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from train.strategies.base import Strategy
 
+# strategy name -> "module:class"; the module is imported only when chosen (deepspeed is heavy and optional).
+REGISTRY = {
+    "single": "train.strategies.single:SingleStrategy",
+    "ddp": "train.strategies.ddp:DDPStrategy",
+    "fsdp": "train.strategies.fsdp:FSDPStrategy",
+    "fsdp_grad_op": "train.strategies.fsdp:FSDPStrategy",
+    "hsdp": "train.strategies.fsdp:FSDPStrategy",
+    "zero1": "train.strategies.deepspeed:DeepSpeedStrategy",
+    "zero2": "train.strategies.deepspeed:DeepSpeedStrategy",
+    "zero3": "train.strategies.deepspeed:DeepSpeedStrategy",
+    "zero3_offload": "train.strategies.deepspeed:DeepSpeedStrategy",
+}
+
 
 def build_strategy(cfg: Any, env: Any, device: Any) -> Strategy:
-    name = cfg.strategy.name
-    if name == "single":
-        from train.strategies.single import SingleStrategy
-
-        return SingleStrategy(cfg, env, device)
-    if name == "ddp":
-        from train.strategies.ddp import DDPStrategy
-
-        return DDPStrategy(cfg, env, device)
-    raise ValueError(f"unknown strategy {name!r}")
+    module_name, _, class_name = REGISTRY[cfg.strategy.name].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(cfg, env, device)  # type: ignore[no-any-return]
 
 
-__all__ = ["Strategy", "build_strategy"]
+__all__ = ["REGISTRY", "Strategy", "build_strategy"]

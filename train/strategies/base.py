@@ -21,6 +21,8 @@ class Strategy:
     """
 
     name = "base"
+    # How model and optimizer state are saved (train/checkpoint.py): "dcp" or "deepspeed".
+    checkpoint_format = "dcp"
 
     def __init__(self, cfg: Any, env: Any, device: torch.device) -> None:
         self.cfg, self.env, self.device = cfg, env, device
