@@ -75,7 +75,7 @@ class StrategyConfig:
     # or keep them until backward (ZeRO-2 layout).
     reshard_after_forward: bool = True
     # HSDP: replicas across this many groups, sharded within each (None: the number of nodes).
-    replicate_degree: Optional[int] = None
+    replicate_degree: int | None = None
     # DeepSpeed ZeRO.
     zero_stage: int = 0
     offload_optimizer: bool = False
