@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -63,14 +64,27 @@ def new_wandb_id(cfg: Any, env: DistEnv) -> str | None:
     return str(generate_id())
 
 
+# Tests set this to a directory: each rank appends the global sample indices it trains on, one line per step.
+TRACE_SAMPLES_ENV = "SLURMTRAIN_TRACE_SAMPLES"
+
+
+def trace_samples(state: TrainState, env: DistEnv, indices: list[int]) -> None:
+    trace_dir = os.environ.get(TRACE_SAMPLES_ENV)
+    if trace_dir:
+        with open(Path(trace_dir) / f"rank{env.rank}_world{env.world_size}.txt", "a") as f:
+            f.write(f"{state.step + 1} {' '.join(map(str, indices))}\n")
+
+
 def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
                env: DistEnv, device: torch.device) -> torch.Tensor:
     """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync)."""
     t = cfg.trainer
     accum = t.grad_accum_steps
     loss_sum = torch.zeros((), device=device)
+    consumed: list[int] = []
     for micro in range(accum):
         idx = micro_batch_indices(state.samples, micro, env.rank, env.world_size, t.micro_batch_size)
+        consumed.extend(idx)
         inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
         with strategy.accumulation(micro == accum - 1):
             with strategy.autocast():
@@ -78,6 +92,7 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
             strategy.backward(loss / accum)
         loss_sum += loss.detach()
+    trace_samples(state, env, consumed)
     return loss_sum / accum
 
 

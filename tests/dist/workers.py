@@ -12,16 +12,36 @@ from train import distributed
 from train.loop import train
 
 
-def train_and_dump_params(rank: int, world: int, port: int, out_dir: str, overrides: list[str]) -> None:
+def _join(rank: int, world: int, port: int) -> distributed.DistEnv:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local")
     torch.set_num_threads(1)
-    cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", *overrides])
     env = distributed.detect()
     distributed.init_process_group(env, "gloo")
+    return env
+
+
+def train_and_dump_params(rank: int, world: int, port: int, out_dir: str, overrides: list[str]) -> None:
+    env = _join(rank, world, port)
+    cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", *overrides])
     try:
         result = train(cfg, env, torch.device("cpu"), Path(out_dir))
         flat = torch.cat([p.detach().flatten() for p in result.model.parameters()])
         torch.save({"params": flat, "losses": result.losses}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        distributed.destroy_process_group()
+
+
+def train_several(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list[str]]) -> None:
+    """Several short runs in one process group (one spawn per strategy keeps the tier fast)."""
+    env = _join(rank, world, port)
+    try:
+        for name, overrides in runs.items():
+            cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1",
+                                       *overrides])
+            run_dir = Path(out_dir) / name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            result = train(cfg, env, torch.device("cpu"), run_dir)
+            torch.save(result.losses, run_dir / f"losses_rank{rank}.pt")
     finally:
         distributed.destroy_process_group()

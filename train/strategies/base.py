@@ -17,7 +17,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Strategy:
     """How a model is wrapped, how gradients are produced and applied.
 
-    Subclasses override `wrap` (and, for engines that own the optimizer, the step methods).
+    Subclasses override `wrap` (and, for engines that own the optimizer, the step methods). Activation
+    checkpointing and torch.compile are applied per transformer block before wrapping, for every strategy.
     """
 
     name = "base"
@@ -26,6 +27,7 @@ class Strategy:
 
     def __init__(self, cfg: Any, env: Any, device: torch.device) -> None:
         self.cfg, self.env, self.device = cfg, env, device
+        self.name = cfg.strategy.name
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype]
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -37,11 +39,17 @@ class Strategy:
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 
+    def make_scaler(self) -> Any:
+        return torch.amp.GradScaler(self.device.type)
+
     def setup(self, model: nn.Module) -> nn.Module:
+        prepare_blocks(model, self.cfg.strategy)
         model = self.wrap(model.to(self.device))
         self.model = model
         self.optimizer = build_optimizer(model, self.cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
+        if self.compute_dtype == torch.float16:
+            self.scaler = self.make_scaler()
         return model
 
     # -- one optimizer step --------------------------------------------------------------------------------
@@ -56,18 +64,32 @@ class Strategy:
         yield
 
     def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
         loss.backward()
 
+    def clip_gradients(self, max_norm: float) -> float:
+        assert self.model is not None
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # FSDP returns a DTensor holding the global norm.
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
     def optimizer_step(self) -> float:
-        """Clip, step, schedule, zero; returns the gradient norm before clipping."""
+        """Unscale, clip, step, schedule, zero; returns the gradient norm before clipping."""
         assert self.model is not None and self.optimizer is not None and self.scheduler is not None
         clip = self.cfg.optim.grad_clip
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        norm = self.clip_gradients(clip if clip > 0 else float("inf"))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skipped (and the scale lowered) if a gradient overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm
 
     def scaler_state_dict(self) -> dict[str, Any] | None:
         return None if self.scaler is None else self.scaler.state_dict()
@@ -79,3 +101,19 @@ class Strategy:
     def current_lr(self) -> float:
         assert self.optimizer is not None
         return float(self.optimizer.param_groups[0]["lr"])
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    return list(getattr(model, "blocks", []))
+
+
+def prepare_blocks(model: nn.Module, strategy_cfg: Any) -> None:
+    """Per-block activation checkpointing and torch.compile, the same for every strategy."""
+    if strategy_cfg.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, block in enumerate(transformer_blocks(model)):
+            model.blocks[i] = checkpoint_wrapper(block)  # type: ignore[index,operator]
+    if strategy_cfg.compile:
+        for block in transformer_blocks(model):
+            block.compile()

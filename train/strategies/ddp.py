@@ -12,8 +12,6 @@ from train.strategies.base import Strategy
 class DDPStrategy(Strategy):
     """Full replica per rank; gradients all-reduced in buckets, skipped on non-final micro steps."""
 
-    name = "ddp"
-
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.env.world_size == 1:
             return model

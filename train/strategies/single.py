@@ -5,5 +5,3 @@ from train.strategies.base import Strategy
 
 class SingleStrategy(Strategy):
     """One process, the bare model."""
-
-    name = "single"
