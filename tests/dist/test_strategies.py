@@ -107,3 +107,16 @@ def test_one_rank_checkpoint_resumes_on_two(run_root: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "world size changed (1 -> 2)" in out.stderr
     assert [r["step"] for r in read_metrics(run_root / "grow")] == list(range(1, 9))
+
+
+def test_activation_checkpointing_and_compile_keep_the_losses(tmp_path: Path) -> None:
+    # Recomputing activations in backward is exact; a compiled block may fuse differently (tolerance).
+    runs = {
+        "plain": ["strategy=fsdp", "trainer.max_steps=3"],
+        "ac": ["strategy=fsdp", "trainer.max_steps=3", "strategy.activation_checkpointing=true"],
+        "compiled": ["strategy=ddp", "trainer.max_steps=3", "strategy.compile=true",
+                     "strategy.activation_checkpointing=true"],
+    }
+    losses = _spawn(tmp_path, 2, runs)
+    assert losses["ac"] == losses["plain"]
+    assert losses["compiled"][3] == pytest.approx(losses["plain"][3], rel=1e-4)

@@ -113,7 +113,7 @@ def prepare_blocks(model: nn.Module, strategy_cfg: Any) -> None:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
         for i, block in enumerate(transformer_blocks(model)):
-            model.blocks[i] = checkpoint_wrapper(block)  # type: ignore[index,operator]
+            model.blocks[i] = checkpoint_wrapper(block)  # type: ignore[index,operator,assignment]
     if strategy_cfg.compile:
         for block in transformer_blocks(model):
             block.compile()
