@@ -6,6 +6,7 @@ Everything here is pure config arithmetic, so it runs on a login node without to
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -147,6 +148,19 @@ def _check_data(cfg: DictConfig) -> None:
             raise ConfigError(f"data.path={cfg.data.path} does not exist: point data.path at a token file")
 
 
+def _check_strategy(cfg: DictConfig, world: int) -> None:
+    from train.strategies import REGISTRY
+
+    s = cfg.strategy
+    if s.name not in REGISTRY:
+        raise ConfigError(f"strategy.name={s.name} is unknown: choose one of {', '.join(REGISTRY)}")
+    if s.backend == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(f"strategy={s.name} needs deepspeed: run `pip install -e .[deepspeed]`")
+    if s.name == "hsdp" and s.replicate_degree and world % s.replicate_degree:
+        raise ConfigError(f"strategy.replicate_degree={s.replicate_degree} does not divide the world size "
+                          f"{world}: pick a divisor of {world}")
+
+
 def _resolve_accumulation(cfg: DictConfig, world: int) -> int:
     t = cfg.trainer
     per_step = t.micro_batch_size * world
@@ -190,6 +204,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     _check_ranges(cfg, world)
     _check_model(cfg)
     _check_data(cfg)
+    _check_strategy(cfg, world)
     accum = _resolve_accumulation(cfg, world)
     with open_dict(cfg):
         cfg.trainer.grad_accum_steps = accum

@@ -18,7 +18,8 @@ from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log
 from train.model import build_model
 from train.preemption import PreemptionWatcher, after_stop
-from train.strategies import Strategy, build_strategy
+from train.strategies import build_strategy
+from train.strategies.base import Strategy
 
 
 @dataclass

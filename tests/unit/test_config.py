@@ -101,3 +101,21 @@ def test_print_config_does_not_import_torch() -> None:
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "hydra" in imported
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "fsdp_grad_op", "hsdp", "zero1", "zero2", "zero3",
+                                      "zero3_offload"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_every_strategy_and_precision_composes(strategy: str, precision: str) -> None:
+    cfg, _ = compose_and_plan([f"strategy={strategy}", f"precision={precision}", "local.nproc=1"])
+    assert cfg.strategy.name == strategy and cfg.precision.name == precision
+
+
+def test_hsdp_replicas_must_divide_the_world() -> None:
+    with pytest.raises(ConfigError, match="pick a divisor of 4"):
+        compose_and_plan(["strategy=hsdp", "strategy.replicate_degree=3", "local.nproc=4"])
+
+
+def test_unknown_strategy_name_is_refused() -> None:
+    with pytest.raises(ConfigError, match="choose one of single, ddp"):
+        compose_and_plan(["strategy.name=megatron"])

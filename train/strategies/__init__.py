@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from train.strategies.base import Strategy
+if TYPE_CHECKING:  # the registry itself stays importable on a login node, without torch
+    from train.strategies.base import Strategy
 
 # strategy name -> "module:class"; the module is imported only when chosen (deepspeed is heavy and optional).
 REGISTRY = {
@@ -22,9 +23,10 @@ REGISTRY = {
 
 
 def build_strategy(cfg: Any, env: Any, device: Any) -> Strategy:
+    """The strategy named by cfg.strategy.name (its module is imported only now)."""
     module_name, _, class_name = REGISTRY[cfg.strategy.name].partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(cfg, env, device)  # type: ignore[no-any-return]
 
 
-__all__ = ["REGISTRY", "Strategy", "build_strategy"]
+__all__ = ["REGISTRY", "build_strategy"]
