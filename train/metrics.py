@@ -65,6 +65,8 @@ class MetricsLogger:
                 transient=False,
             )
             self.progress.start()
+            # rich now proxies sys.stderr so log lines print above the bar instead of through it.
+            self._reroute_stream_handlers(sys.stderr)
             self._task = self.progress.add_task("", total=self.max_steps, completed=step)
 
     def _drop_rows_after(self, step: int) -> None:
@@ -104,9 +106,15 @@ class MetricsLogger:
             )
         return row
 
+    def _reroute_stream_handlers(self, stream: Any) -> None:
+        for handler in log.handlers:
+            if type(handler) is logging.StreamHandler:
+                handler.setStream(stream)
+
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+            self._reroute_stream_handlers(sys.stderr)
         if self.wandb_run is not None:
             self.wandb_run.finish()
 
