@@ -120,8 +120,12 @@ class CheckpointManager:
             self.pending = (state.step, future, path)  # type: ignore[assignment]
 
     def prepare_async(self) -> None:
-        """Allocate the staging buffers now (one CPU copy of this rank's state), not during the first save."""
-        if self.stager is None and self.strategy.checkpoint_format == "dcp":
+        """Allocate the staging buffers now (one CPU copy of this rank's state), not during the first save.
+
+        Only once the optimizer has state: on a fresh optimizer, get_state_dict would initialise it with a dummy
+        step, which changes AdamW's bias correction and so the training trajectory.
+        """
+        if self.stager is None and self.strategy.checkpoint_format == "dcp" and self.strategy.optimizer.state:
             self.stager = DefaultStager(StagingOptions(False, False, False, False))
             self.stager.stage(ModelOptimState(self.strategy.model, self.strategy.optimizer).state_dict())
 

@@ -108,8 +108,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
     ckpt = CheckpointManager(cfg, env, run_dir, strategy)
     state = restore(ckpt, cfg, env)
     state.wandb_id = state.wandb_id or new_wandb_id(cfg, env)
-    if cfg.checkpoint.async_save and 0 < t.ckpt_every < t.max_steps - state.step:
-        ckpt.prepare_async()
+    will_save_async = cfg.checkpoint.async_save and 0 < t.ckpt_every < t.max_steps - state.step
 
     source = build_source(cfg.data, cfg.model.vocab_size)
     global_batch = t.micro_batch_size * t.grad_accum_steps * env.world_size
@@ -130,6 +129,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
             lr = strategy.current_lr()
             loss = train_step(model, strategy, source, state, cfg, env, device)
             grad_norm = strategy.optimizer_step()
+            if will_save_async:
+                ckpt.prepare_async()  # allocates the staging buffers once, after the first step
             state.step += 1
             state.samples += global_batch
             state.tokens += global_batch * cfg.data.seq_len

@@ -125,3 +125,15 @@ def test_rng_state_round_trips() -> None:
     a = torch.rand(3)
     set_rng_state(saved)
     assert torch.equal(torch.rand(3), a)
+
+
+def test_checkpoint_settings_do_not_change_the_trajectory(run_root: Path) -> None:
+    # Saving (async, sync or not at all) must never touch the training state it saves.
+    runs = {"none": ["trainer.ckpt_every=0"], "async": ["trainer.ckpt_every=3"],
+            "sync": ["trainer.ckpt_every=3", "checkpoint.async_save=false"]}
+    for name, extra in runs.items():
+        out = _run(run_root, name, 8, *extra)
+        assert out.returncode == 0, out.stderr[-3000:]
+    reference = _losses(run_root / "none")
+    assert _losses(run_root / "async") == reference
+    assert _losses(run_root / "sync") == reference
