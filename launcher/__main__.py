@@ -18,7 +18,7 @@ def dispatch(cfg: DictConfig) -> int:
     from launcher import rundir
 
     plan = planning.make_plan(cfg)
-    rundir.check_run_dir(cfg, plan.run_dir)
+    rundir.check_run_dir(cfg, plan.run_dir, plan.world_size)
     print(plan.summary(), file=sys.stderr)
     if plan.mode == "slurm":
         from launcher.slurm import submit

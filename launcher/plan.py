@@ -78,6 +78,12 @@ def tasks_per_node(cluster: Any) -> int:
     return max(1, int(cluster.gpus_per_node))
 
 
+def has_gpus(cfg: DictConfig) -> bool:
+    if cfg.cluster is not None:
+        return int(cfg.cluster.gpus_per_node) > 0
+    return local_gpu_count() > 0
+
+
 def world_size(cfg: DictConfig) -> int:
     if cfg.launcher.prepare_only:
         if "SLURM_NTASKS" not in os.environ:
@@ -156,6 +162,15 @@ def _check_strategy(cfg: DictConfig, world: int) -> None:
         raise ConfigError(f"strategy.name={s.name} is unknown: choose one of {', '.join(REGISTRY)}")
     if s.backend == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(f"strategy={s.name} needs deepspeed: run `pip install -e .[deepspeed]`")
+    if s.backend == "deepspeed":
+        if s.zero_stage not in (1, 2, 3):
+            raise ConfigError(f"strategy.zero_stage={s.zero_stage} must be 1, 2 or 3 for strategy={s.name}")
+        if s.offload_params and s.zero_stage != 3:
+            raise ConfigError(f"strategy.offload_params=true needs ZeRO stage 3, not {s.zero_stage}: use "
+                              "strategy=zero3_offload, or drop strategy.offload_params")
+        if cfg.precision.name == "fp16" and not has_gpus(cfg):
+            raise ConfigError(f"precision=fp16 with strategy={s.name} needs GPUs (DeepSpeed's CPU accelerator has "
+                              "no fp16 here): use precision=bf16 or precision=fp32")
     if s.name == "hsdp" and s.replicate_degree and world % s.replicate_degree:
         raise ConfigError(f"strategy.replicate_degree={s.replicate_degree} does not divide the world size "
                           f"{world}: pick a divisor of {world}")

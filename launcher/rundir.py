@@ -43,7 +43,7 @@ def _git_revision() -> str | None:
     return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def check_run_dir(cfg: DictConfig, run_dir: Path) -> None:
+def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
     """Re-using a run directory means resuming it. Refuse a different experiment, and never start over on top
     of checkpoints unless told to (run.overwrite=true)."""
     existing = run_dir / "config.yaml"
@@ -62,6 +62,14 @@ def check_run_dir(cfg: DictConfig, run_dir: Path) -> None:
             f"{run_dir} has a checkpoint at step {latest.step} and run.resume=false: add run.overwrite=true to "
             "delete it and start over, or pick another run.name"
         )
+    if latest is not None and cfg.run.resume and cfg.strategy.backend == "deepspeed":
+        saved_world = json.loads((latest.path / layout.MARKER).read_text()).get("world_size")
+        if saved_world != world:
+            raise ConfigError(
+                f"the checkpoint at step {latest.step} was written by {saved_world} ranks and DeepSpeed checkpoints "
+                f"resume only on {saved_world} ranks (this run has {world}): run with world size {saved_world}, or "
+                "use a DCP strategy (ddp, fsdp, fsdp_grad_op, hsdp) to change the world size"
+            )
 
 
 def clear_for_overwrite(run_dir: Path) -> None:

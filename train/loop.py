@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from dataclasses import dataclass, fields
@@ -103,6 +104,10 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
     seed_everything(t.seed)
     strategy = build_strategy(cfg, env, device)
     model = strategy.setup(build_model(cfg.model))
+    ds_config = getattr(strategy, "ds_config", None)
+    if env.is_main and ds_config is not None:
+        # The generated DeepSpeed config is part of what explains this run (and is saved beside each checkpoint).
+        (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     # Per-rank stream for anything random after init (dropout); a resume restores the saved streams instead.
     seed_everything(t.seed + 1000 * env.rank)
     ckpt = CheckpointManager(cfg, env, run_dir, strategy)

@@ -107,7 +107,8 @@ def test_print_config_does_not_import_torch() -> None:
                                       "zero3_offload"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_every_strategy_and_precision_composes(strategy: str, precision: str) -> None:
-    cfg, _ = compose_and_plan([f"strategy={strategy}", f"precision={precision}", "local.nproc=1"])
+    cfg, _ = compose_and_plan([f"strategy={strategy}", f"precision={precision}", "+cluster=h100x8",
+                               "cluster.gpus_per_node=1"])
     assert cfg.strategy.name == strategy and cfg.precision.name == precision
 
 
