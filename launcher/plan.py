@@ -45,6 +45,23 @@ class Plan:
     seq_len: int
     n_params: int
     run_dir: Path
+    # SLURM only: what the allocation reserves, the upper bound of one attempt's bill.
+    gpus: int = 0
+    time_limit_h: float = 0.0
+    price_per_gpu_hour: float | None = None
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * self.time_limit_h
+
+    def cost_line(self) -> str:
+        if not self.gpus:
+            return ""
+        line = (f"; reserves {self.gpus} GPUs for up to {self.time_limit_h:g} h = {self.gpu_hours:,.0f} GPU-hours "
+                "per attempt")
+        if self.price_per_gpu_hour:
+            line += f" (about ${self.gpu_hours * self.price_per_gpu_hour:,.0f} at ${self.price_per_gpu_hour:g}/GPU-hour)"
+        return line
 
     @property
     def tokens_per_step(self) -> int:
@@ -55,7 +72,7 @@ class Plan:
             f"plan: {self.mode}, world size {self.world_size}, effective batch {self.global_batch_size} "
             f"(micro {self.micro_batch_size} x accumulation {self.grad_accum_steps} x data-parallel "
             f"{self.world_size}) = {self.tokens_per_step} tokens/step, model {self.n_params / 1e6:.1f}M "
-            f"parameters, run directory {self.run_dir}"
+            f"parameters, run directory {self.run_dir}{self.cost_line()}"
         )
 
 
@@ -239,4 +256,13 @@ def make_plan(cfg: DictConfig) -> Plan:
         seq_len=cfg.data.seq_len,
         n_params=count_parameters(cfg.model),
         run_dir=Path(cfg.run.root).expanduser().resolve() / cfg.run.name,
+        **_reservation(cfg),
     )
+
+
+def _reservation(cfg: DictConfig) -> dict[str, Any]:
+    c = cfg.cluster
+    if c is None or cfg.launcher.prepare_only:
+        return {}
+    return {"gpus": int(c.nodes) * int(c.gpus_per_node), "time_limit_h": c.time_limit_min / 60,
+            "price_per_gpu_hour": c.price_per_gpu_hour}

@@ -120,3 +120,11 @@ def test_hsdp_replicas_must_divide_the_world() -> None:
 def test_unknown_strategy_name_is_refused() -> None:
     with pytest.raises(ConfigError, match="choose one of single, ddp"):
         compose_and_plan(["strategy.name=megatron"])
+
+
+def test_slurm_plan_states_the_gpu_hours_it_reserves() -> None:
+    _, plan = compose_and_plan(["+cluster=a100x16", "cluster.time_limit_min=120"])
+    assert plan.gpus == 16 and plan.gpu_hours == 32
+    assert "reserves 16 GPUs for up to 2 h = 32 GPU-hours per attempt (about $64 at $2/GPU-hour)" in plan.summary()
+    _, local = compose_and_plan(["local.nproc=1"])
+    assert "GPU-hours" not in local.summary()
