@@ -70,7 +70,7 @@ def run() -> dict[str, Any]:
         ckpt = CheckpointManager(cfg, env, Path(tmp), strategy)
         for _ in range(2):
             step()  # warm-up; the optimizer state exists from here on
-        ckpt.prepare_async()  # as train() does after its first step
+        ckpt.prepare_async()  # as train() does before its first step
         state_bytes = sum(p.numel() * p.element_size() * 3 for p in model.parameters())
         sync_s, blocking_s, slowdown_s, finished = [], [], [], []
         for _ in range(REPEATS):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
@@ -18,7 +19,14 @@ def dispatch(cfg: DictConfig) -> int:
     from launcher import rundir
 
     plan = planning.make_plan(cfg)
+    if plan.mode == "prepare" and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
+        # A requeued sbatch script runs this again: resume what the first attempt saved, whatever it was told.
+        cfg.run.resume, cfg.run.overwrite = True, False
     rundir.check_run_dir(cfg, plan.run_dir, plan.world_size)
+    if plan.mode != "prepare":
+        from launcher.slurm import refuse_live_jobs
+
+        refuse_live_jobs(plan.run_dir)
     print(plan.summary(), file=sys.stderr)
     if plan.mode == "slurm":
         from launcher.slurm import submit

@@ -4,7 +4,8 @@ Why not torchrun: its agent dies on SIGUSR1 and owns the terminal; we need to fo
 show rank 0 live on the terminal and put every other rank in its own log file.
 
 Rank 0 writes to the terminal (and to logs/rank_0.log); the other ranks write to logs/rank_N.log. If any
-worker fails, the others are stopped and the failing worker's traceback is shown. Ctrl-C or SIGUSR1 to the
+worker fails, the others are stopped and the failing worker's traceback is shown. Ctrl-C, SIGUSR1, SIGTERM or
+SIGHUP to the
 launcher is forwarded to the workers as SIGUSR1 (checkpoint and exit); a second Ctrl-C stops them at once.
 """
 
@@ -52,6 +53,19 @@ def worker_env(rank: int, nproc: int, port: int, run_dir: Path) -> dict[str, str
     return env
 
 
+def _term_with_parent() -> None:
+    """In the worker, before exec: SIGTERM it (checkpoint and stop) if the launcher dies without telling it, and
+    hold the stop signals until train.entry has installed its handlers (it unblocks them): a Ctrl-C during
+    start-up is then delivered to the handler instead of killing the interpreter."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -76,7 +90,8 @@ class WorkerGroup:
             out = None if rank == 0 else log_path.open("ab")
             # Own session: the terminal's Ctrl-C reaches the launcher only, which decides what workers get.
             proc = subprocess.Popen(cmd, env=worker_env(rank, self.nproc, port, self.run_dir), stdout=out,
-                                    stderr=subprocess.STDOUT if out else None, start_new_session=True)
+                                    stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                                    preexec_fn=_term_with_parent)
             if out is not None:
                 out.close()
             self.procs.append(proc)
@@ -91,7 +106,7 @@ class WorkerGroup:
 
     def on_interrupt(self, signum: int, frame: FrameType | None) -> None:
         self.interrupts += 1
-        if signum == signal.SIGUSR1 or self.interrupts == 1:
+        if signum != signal.SIGINT or self.interrupts == 1:
             print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop "
                   "(Ctrl-C again to stop them now)", file=sys.stderr)
             self.signal_all(signal.SIGUSR1)
@@ -133,11 +148,13 @@ class WorkerGroup:
             print(tail(self.log_paths[rank]), file=sys.stderr)
 
 
-def run_local(config_path: Path, nproc: int, handled: Sequence[int] = (signal.SIGINT, signal.SIGUSR1)) -> int:
+def run_local(config_path: Path, nproc: int,
+              handled: Sequence[int] = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)) -> int:
     group = WorkerGroup(config_path, nproc)
     previous = {sig: signal.signal(sig, group.on_interrupt) for sig in handled}
     try:
         group.start()
+        print(f"launcher: started {nproc} worker(s); logs in {group.run_dir / 'logs'}", file=sys.stderr, flush=True)
         return group.wait()
     finally:
         for sig, handler in previous.items():

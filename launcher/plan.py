@@ -150,6 +150,11 @@ def _check_choices(cfg: DictConfig) -> None:
 
 def _check_model(cfg: DictConfig) -> None:
     m = cfg.model
+    for key in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "max_seq_len"):
+        if m[key] < 1:
+            raise ConfigError(f"model.{key}={m[key]} must be at least 1")
+    if cfg.data.seq_len < 1:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     if m.n_kv_heads and m.n_heads % m.n_kv_heads:
@@ -219,6 +224,8 @@ def _check_ranges(cfg: DictConfig, world: int) -> None:
     for key in ("max_steps", "micro_batch_size", "log_every", "cpu_threads"):
         if t[key] < 1:
             raise ConfigError(f"trainer.{key}={t[key]} must be at least 1")
+    if t.global_batch_size is not None and t.global_batch_size < 1:
+        raise ConfigError(f"trainer.global_batch_size={t.global_batch_size} must be at least 1 (or null)")
     if t.grad_accum_steps is not None and t.grad_accum_steps < 1:
         raise ConfigError(f"trainer.grad_accum_steps={t.grad_accum_steps} must be at least 1")
     if world < 1:
@@ -232,6 +239,10 @@ def _check_ranges(cfg: DictConfig, world: int) -> None:
 def make_plan(cfg: DictConfig) -> Plan:
     """Validate cfg and fill in the derived values in place (world size, accumulation, run name)."""
     _check_choices(cfg)
+    if cfg.cluster is not None:
+        from launcher.slurm import validate_cluster
+
+        validate_cluster(cfg)
     world = world_size(cfg)
     _check_ranges(cfg, world)
     _check_model(cfg)

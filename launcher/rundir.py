@@ -88,7 +88,11 @@ def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None) -> Pa
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     config_path = run_dir / "config.yaml"
-    config_path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    # run.resume=false and run.overwrite=true are one-time choices made at launch and applied just above; the
+    # config a requeued job re-reads must resume, never start over or delete what the first attempt saved.
+    saved = cfg.copy()
+    saved.run.resume, saved.run.overwrite = True, False
+    config_path.write_text(OmegaConf.to_yaml(saved, resolve=True))
     argv = sys.argv if argv is None else argv
     command = shlex.join([sys.executable, "-m", "launcher", *argv[1:]])
     with (run_dir / "command.txt").open("a") as f:

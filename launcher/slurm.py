@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from launcher import rundir
 from launcher.errors import ConfigError
@@ -23,7 +24,9 @@ from launcher.plan import Plan, tasks_per_node
 # Environment variable names that must never be written into an sbatch script or a config dump.
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                   "DEADLINE")
+                   "DEADLINE", "PREEMPTED")
+# Signals a rank cannot catch, or that would not mean "checkpoint now".
+UNUSABLE_SIGNALS = {"KILL", "STOP", "CONT", "CHLD", "PIPE", "SEGV"}
 POLL_S = 2.0
 
 
@@ -43,12 +46,19 @@ def validate_cluster(cfg: DictConfig) -> None:
         raise ConfigError(f"cluster.nodes={c.nodes} must be at least 1")
     if c.backend == "nccl" and c.gpus_per_node < 1:
         raise ConfigError("cluster.backend=nccl needs GPUs: set cluster.gpus_per_node or cluster.backend=gloo")
-    if not re.fullmatch(r"(SIG)?[A-Z0-9]+", c.signal):
-        raise ConfigError(f"cluster.signal={c.signal} is not a signal name: use USR1")
+    name = str(c.signal).upper().removeprefix("SIG")
+    if f"SIG{name}" not in signal.Signals.__members__ or name in UNUSABLE_SIGNALS:
+        raise ConfigError(f"cluster.signal={c.signal} is not a signal the ranks can catch: use USR1")
+    if not 0 < c.signal_lead_s <= 65535:
+        raise ConfigError(f"cluster.signal_lead_s={c.signal_lead_s} must be between 1 and 65535 seconds")
     secrets = [k for k in c.env if SECRET_NAME.search(k)]
+    secrets += [line for line in c.setup if re.search(r"\b\w*(KEY|TOKEN|SECRET|PASSW\w*|CREDENTIAL)\w*=", line,
+                                                       re.IGNORECASE)]
+    secrets += [f"{k}={v}" for k, v in c.extra_sbatch.items() if SECRET_NAME.search(f"{k} {v}")]
     if secrets:
         raise ConfigError(
-            f"cluster.env holds {', '.join(secrets)}: secrets are never written into sbatch scripts; "
+            f"cluster.env/setup/extra_sbatch hold {', '.join(s.split('=')[0] for s in secrets)}: secrets are never "
+            "written into sbatch scripts; "
             "export them in your shell before submitting (sbatch passes your environment to the job)"
         )
 
@@ -139,11 +149,33 @@ def preflight(cfg: DictConfig) -> None:
                               f"of {valid}")
 
 
+def refuse_live_jobs(run_dir: Path) -> None:
+    """Two jobs training one run directory would overwrite each other's checkpoints."""
+    jobs_file = run_dir / "jobs.txt"
+    if not jobs_file.is_file() or shutil.which("squeue") is None:
+        return
+    ids = jobs_file.read_text().split()
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True, text=True,
+                         timeout=60)
+    live = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    if live:
+        raise ConfigError(f"job {live[0]} is still queued or running on {run_dir}: wait for it, `scancel {live[0]}`, "
+                          "or pick another run.name")
+
+
+def test_submission(script: str) -> None:
+    """sbatch --test-only: SLURM's own verdict on account, qos, constraint, GPUs, without queueing anything."""
+    out = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        message = " ".join(out.stderr.replace("sbatch: error:", "").split())
+        raise ConfigError(f"SLURM would refuse this job: {message[-400:]}; fix the cluster.* settings")
+
+
 def submit(cfg: DictConfig, plan: Plan) -> int:
-    validate_cluster(cfg)
     if cfg.launcher.dry_run:
         return dry_run(cfg, plan)
     preflight(cfg)
+    test_submission(render_sbatch(cfg, plan))
     import submitit
 
     from train.entry import run as train_entry
@@ -181,12 +213,13 @@ def _q(path: Any) -> str:
 
 
 def dry_run(cfg: DictConfig, plan: Plan) -> int:
+    # Only the script: config.yaml is the contract a live job re-reads on requeue, and a dry run changes nothing.
     script = render_sbatch(cfg, plan)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    (plan.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (plan.run_dir / "sbatch.sh").write_text(script)
+    path = plan.run_dir / "sbatch.dry_run.sh"
+    path.write_text(script)
     print(script)
-    print(f"dry run: nothing submitted; script written to {plan.run_dir / 'sbatch.sh'}", file=sys.stderr)
+    print(f"dry run: nothing submitted; script written to {path}", file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,7 @@ the end is synchronous. Rank 0 writes the COMPLETE marker only once the DCP save
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -68,6 +69,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _save_durably(obj: Any, path: Path) -> None:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    layout.write_durably(path, buffer.getvalue())
+
+
 class CheckpointManager:
     def __init__(self, cfg: Any, env: DistEnv, run_dir: Path, strategy: Any) -> None:
         self.cfg, self.env, self.run_dir, self.strategy = cfg, env, Path(run_dir), strategy
@@ -93,15 +100,16 @@ class CheckpointManager:
                 layout.remove(layout.CheckpointDir(state.step, path))
             path.mkdir(parents=True)
         self._barrier()
-        torch.save(rng_state(), path / f"rng_rank{self.env.rank}.pt")
+        path.mkdir(parents=True, exist_ok=True)  # on a shared filesystem another node may not see it yet
+        _save_durably(rng_state(), path / f"rng_rank{self.env.rank}.pt")
         if self.env.is_main:
             trainer_state = {**asdict(state), "scheduler": self.strategy.scheduler.state_dict(),
                              "scaler": self.strategy.scaler_state_dict(), "world_size": self.env.world_size}
-            torch.save(trainer_state, path / "trainer_state.pt")
-            (path / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
-        ds_config = getattr(self.strategy, "ds_config", None)
-        if self.env.is_main and ds_config is not None:
-            (path / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
+            _save_durably(trainer_state, path / "trainer_state.pt")
+            layout.write_durably(path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True).encode())
+            ds_config = getattr(self.strategy, "ds_config", None)
+            if ds_config is not None:
+                layout.write_durably(path / "ds_config.json", (json.dumps(ds_config, indent=2) + "\n").encode())
         self.last_saved_step = state.step
         if self.strategy.checkpoint_format == "deepspeed":
             # DeepSpeed's own (collective, synchronous) save of its partitioned model and optimizer state.
@@ -122,8 +130,8 @@ class CheckpointManager:
     def prepare_async(self) -> None:
         """Allocate the staging buffers now (one CPU copy of this rank's state), not during the first save.
 
-        Only once the optimizer has state: on a fresh optimizer, get_state_dict would initialise it with a dummy
-        step, which changes AdamW's bias correction and so the training trajectory.
+        The strategy created the optimizer state at set-up (strategies.base.init_optimizer_state), so reading
+        the state dict here changes nothing; without that state, this waits for a later call.
         """
         if self.stager is None and self.strategy.checkpoint_format == "dcp" and self.strategy.optimizer.state:
             self.stager = DefaultStager(StagingOptions(False, False, False, False))

@@ -13,6 +13,7 @@ A checkpoint without COMPLETE was interrupted (preemption, SIGKILL, node failure
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -62,11 +63,28 @@ def incomplete_checkpoints(run_dir: Path) -> list[CheckpointDir]:
     return [c for c in list_checkpoints(run_dir) if not c.complete]
 
 
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def write_marker(path: Path, **info: object) -> None:
-    # Write-then-rename so the marker itself can never be seen half-written.
+    # Write-then-rename so the marker itself can never be seen half-written; fsync the file and the directory
+    # so that after a node crash a marker on disk means the files it vouches for are on disk too.
     tmp = path / f".{MARKER}.tmp"
-    tmp.write_text(json.dumps({"time": time.time(), **info}) + "\n")
+    write_durably(tmp, (json.dumps({"time": time.time(), **info}) + "\n").encode())
     tmp.rename(path / MARKER)
+    fsync_dir(path)
 
 
 def to_delete(checkpoints: list[CheckpointDir], keep_last: int, keep_every: int) -> list[CheckpointDir]:

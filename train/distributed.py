@@ -116,13 +116,13 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank if it is true on at least one (one tiny all-reduce)."""
+def all_reduce_max(value: int, device: torch.device) -> int:
+    """The largest value any rank holds, on every rank (one tiny all-reduce)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+        return value
+    t = torch.tensor([value], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return int(t.item())
 
 
 def gather_hosts(env: DistEnv) -> list[str]:

@@ -36,14 +36,18 @@ def check_launch(environ: dict[str, str]) -> None:
 
 def run(config_path: str | Path) -> int:
     check_launch(dict(os.environ))
+    cfg = load_config(config_path)
+    from train.signals import StopFlag, preempt_signal
+
+    # Before the heavy imports: a signal during start-up or a checkpoint load is remembered, not fatal.
+    flag = StopFlag(preempt_signal(cfg))
     import torch
 
     from train import distributed
     from train.loop import train
     from train.metrics import log, setup_logging
-    from train.preemption import RequeueLimitReached
+    from train.preemption import RequeueLimitReached, requeue
 
-    cfg = load_config(config_path)
     run_dir = Path(config_path).resolve().parent
     env = distributed.detect()
     setup_logging(env)
@@ -61,7 +65,7 @@ def run(config_path: str | Path) -> int:
     if env.is_main:
         log.info("world of %d ranks on %d host(s): %s", env.world_size, len(set(hosts)), ", ".join(hosts))
     try:
-        result = train(cfg, env, device, run_dir)
+        result = train(cfg, env, device, run_dir, flag)
     except RequeueLimitReached as err:
         log.error("%s", err)
         raise
@@ -70,7 +74,10 @@ def run(config_path: str | Path) -> int:
         raise
     finally:
         distributed.destroy_process_group()
-    return result.exit_code
+        flag.close()
+    if result.outcome.requeue_job:
+        requeue(result.outcome.requeue_job)  # last: it ends this attempt
+    return result.outcome.exit_code
 
 
 def _cluster_backend(cfg: Any) -> str | None:

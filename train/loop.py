@@ -18,7 +18,8 @@ from train.data import TokenSource, build_source, load_micro_batch, micro_batch_
 from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log
 from train.model import build_model
-from train.preemption import PreemptionWatcher, after_stop
+from train.preemption import PreemptionWatcher, StopOutcome, after_stop
+from train.signals import StopFlag, preempt_signal
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
 
@@ -37,8 +38,8 @@ class TrainResult:
     state: TrainState
     model: torch.nn.Module
     losses: dict[int, float]
-    # 0: finished or requeued; EXIT_STOPPED: checkpointed and stopped, the same command resumes.
-    exit_code: int = 0
+    # exit_code 0: finished or to be requeued; EXIT_STOPPED: checkpointed and stopped, the same command resumes.
+    outcome: StopOutcome = StopOutcome(0, None)
 
 
 def seed_everything(seed: int) -> None:
@@ -98,8 +99,11 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
     return loss_sum / accum
 
 
-def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainResult:
+def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: StopFlag | None = None) -> TrainResult:
+    """Train to cfg.trainer.max_steps, resuming if a checkpoint exists. `flag` is installed by entry.py at
+    start-up so that an early signal is not lost; tests calling train() directly get one here."""
     t = cfg.trainer
+    flag = flag or StopFlag(preempt_signal(cfg))
     # Same seed on every rank for the initial weights; DDP also broadcasts them, FSDP needs them equal.
     seed_everything(t.seed)
     strategy = build_strategy(cfg, env, device)
@@ -113,7 +117,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
     ckpt = CheckpointManager(cfg, env, run_dir, strategy)
     state = restore(ckpt, cfg, env)
     state.wandb_id = state.wandb_id or new_wandb_id(cfg, env)
-    will_save_async = cfg.checkpoint.async_save and 0 < t.ckpt_every < t.max_steps - state.step
+    if cfg.checkpoint.async_save and 0 < t.ckpt_every < t.max_steps - state.step:
+        ckpt.prepare_async()  # the staging buffers, allocated once before training rather than in the first save
 
     source = build_source(cfg.data, cfg.model.vocab_size)
     global_batch = t.micro_batch_size * t.grad_accum_steps * env.world_size
@@ -124,18 +129,16 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
             global_batch, t.micro_batch_size, t.grad_accum_steps, env.world_size, global_batch * cfg.data.seq_len,
             strategy.name, cfg.precision.name, device,
         )
-    watcher = PreemptionWatcher(env, device, cfg.cluster.signal if cfg.cluster is not None else "USR1")
+    watcher = PreemptionWatcher(env, device, flag)
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
-    exit_code = 0
+    outcome = StopOutcome(0, None)
     try:
         while state.step < t.max_steps:
             lr = strategy.current_lr()
             loss = train_step(model, strategy, source, state, cfg, env, device)
             grad_norm = strategy.optimizer_step()
-            if will_save_async:
-                ckpt.prepare_async()  # allocates the staging buffers once, after the first step
             state.step += 1
             state.samples += global_batch
             state.tokens += global_batch * cfg.data.seq_len
@@ -148,7 +151,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
                 break
             if watcher.stop_requested(state.step):
                 ckpt.save(state, blocking=True)
-                exit_code = after_stop(env, cfg, state.step)
+                outcome = after_stop(env, cfg, state.step, watcher.agreed)
                 break
             if t.ckpt_every and state.step % t.ckpt_every == 0:
                 ckpt.save(state, blocking=False)
@@ -156,15 +159,14 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path) -> TrainR
         else:
             if env.is_main:
                 log.info("nothing to do: already at step %d of %d", state.step, t.max_steps)
-        if exit_code == 0 and state.step >= t.max_steps:
+        if state.step >= t.max_steps:
             ckpt.save(state, blocking=True)
             if env.is_main:
                 log.info("finished at step %d (%d tokens)", state.step, state.tokens)
         ckpt.close()
     finally:
         metrics.close()
-        watcher.close()
-    return TrainResult(state, model, losses, exit_code)
+    return TrainResult(state, model, losses, outcome)
 
 
 def _plain(cfg: Any) -> dict[str, Any]:

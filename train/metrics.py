@@ -49,8 +49,8 @@ class MetricsLogger:
         self._last_time, self._last_tokens = time.perf_counter(), tokens
         if not self.enabled:
             return
-        if step > 0:
-            self._drop_rows_after(step)
+        # Also at step 0: an attempt that died before its first checkpoint left rows that are redone now.
+        self._drop_rows_after(step)
         if self.cfg.logger.backend == "wandb":
             self.wandb_run = _init_wandb(self.cfg, self.run_dir, wandb_id, config)
         if self.cfg.trainer.progress_bar and sys.stderr.isatty():
@@ -73,8 +73,7 @@ class MetricsLogger:
         """On resume, rows past the checkpoint were logged by an attempt whose later steps are redone."""
         if not self.path.is_file():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
+        kept = [line for line in self.path.read_text().splitlines() if _row_step(line) <= step]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(self.path)
@@ -117,6 +116,14 @@ class MetricsLogger:
             self._reroute_stream_handlers(sys.stderr)
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def _row_step(line: str) -> float:
+    """The step of a metrics row; a torn last line (the writer was killed mid-write) sorts after everything."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def _init_wandb(cfg: Any, run_dir: Path, run_id: str | None, config: dict[str, Any]) -> Any:

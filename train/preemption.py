@@ -1,8 +1,9 @@
 """signal -> flag -> agreement across ranks -> save -> requeue -> exit.
 
-The handler only sets a flag. At every step boundary the ranks agree on the flag with one tiny all-reduce, so
-all of them stop at the same step even if the signal reached them at different moments, or reached one alone.
-The caller then saves synchronously; under SLURM rank 0 requeues the job (the array task alone, for arrays).
+The handlers (train/signals.py) only set a flag. At every step boundary the ranks agree on the flag with one tiny
+all-reduce, so all of them stop at the same step even if the signal reached them at different moments, or reached
+one alone. The caller then saves synchronously and, once everything is closed, rank 0 requeues the job under
+SLURM (the array task alone, for arrays).
 """
 
 from __future__ import annotations
@@ -10,55 +11,47 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from types import FrameType
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from launcher.errors import EXIT_STOPPED
-from train.distributed import DistEnv, any_rank
+from launcher.schema import ClusterConfig
+from train.distributed import DistEnv, all_reduce_max
 from train.metrics import log
+from train.signals import StopFlag
 
 # Fault injection for tests: "STEP:RANK" makes RANK send itself the preemption signal after STEP.
 TEST_SIGNAL_ENV = "SLURMTRAIN_TEST_SIGNAL"
+# Codes the ranks agree on: 0 nothing, 1 stop (SIGTERM: save, no requeue), 2 stop and requeue.
+NOTHING, STOP, REQUEUE = 0, 1, 2
 
 
 class RequeueLimitReached(RuntimeError):
     pass
 
 
-def signal_number(name: str) -> int:
-    name = name.upper()
-    return int(getattr(signal, name if name.startswith("SIG") else f"SIG{name}"))
+@dataclass(frozen=True)
+class StopOutcome:
+    exit_code: int
+    requeue_job: str | None  # rank 0 runs `scontrol requeue` for it after cleaning up
 
 
 class PreemptionWatcher:
-    def __init__(self, env: DistEnv, device: torch.device, signal_name: str = "USR1") -> None:
-        self.env, self.device = env, device
-        self.signum = signal_number(signal_name)
-        self.received: int | None = None
-        self._previous = signal.signal(self.signum, self._on_signal)
-        self._test_trigger = self._parse_test_trigger()
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Nothing else here: saving inside a handler would race the training step and the other ranks.
-        self.received = signum
-
-    def _parse_test_trigger(self) -> tuple[int, int] | None:
+    def __init__(self, env: DistEnv, device: torch.device, flag: StopFlag) -> None:
+        self.env, self.device, self.flag = env, device, flag
         spec = os.environ.get(TEST_SIGNAL_ENV)
-        if not spec:
-            return None
-        step, rank = spec.split(":")
-        return int(step), int(rank)
+        self._test_trigger = tuple(int(x) for x in spec.split(":")) if spec else None
+        self.agreed = NOTHING
 
     def stop_requested(self, step: int) -> bool:
         """Collective: every rank must call it at every step boundary."""
         if self._test_trigger == (step, self.env.rank):
-            os.kill(os.getpid(), self.signum)
-        return any_rank(self.received is not None, self.device)
-
-    def close(self) -> None:
-        signal.signal(self.signum, self._previous)
+            os.kill(os.getpid(), self.flag.preempt)
+        local = REQUEUE if self.flag.wants_requeue else STOP if self.flag.received is not None else NOTHING
+        self.agreed = all_reduce_max(local, self.device)
+        return self.agreed != NOTHING
 
 
 def slurm_job_id() -> str | None:
@@ -67,15 +60,22 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
-def after_stop(env: DistEnv, cfg: Any, step: int) -> int:
-    """Called on every rank once the stop checkpoint is complete; returns the worker's exit code."""
+def after_stop(env: DistEnv, cfg: Any, step: int, agreed: int = REQUEUE) -> StopOutcome:
+    """Called on every rank once the stop checkpoint is complete."""
     job_id = slurm_job_id()
     if env.launcher != "slurm" or job_id is None:
         if env.is_main:
             log.info("stopped at step %d with a complete checkpoint; run the same command to resume", step)
-        return EXIT_STOPPED
+        return StopOutcome(EXIT_STOPPED, None)
+    if agreed != REQUEUE:
+        if env.is_main:
+            log.info("got SIG%s: checkpointed at step %d; not requeueing (SLURM requeues a preempted job itself "
+                     "when PreemptMode=REQUEUE; the same command resumes otherwise)", signal.Signals.SIGTERM.name[3:],
+                     step)
+        return StopOutcome(0, None)
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    limit = cfg.cluster.max_requeues if cfg.cluster is not None else 0
+    # Jobs from sbatch/ scripts have no cluster section: the schema's default limit applies.
+    limit = cfg.cluster.max_requeues if cfg.cluster is not None else ClusterConfig.max_requeues
     if restarts >= limit:
         raise RequeueLimitReached(
             f"checkpointed at step {step}, but job {job_id} was already requeued {restarts} times "
@@ -84,7 +84,11 @@ def after_stop(env: DistEnv, cfg: Any, step: int) -> int:
     if env.is_main:
         log.info("checkpointed at step %d; requeueing job %s (restart %d of at most %d)", step, job_id,
                  restarts + 1, limit)
-        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            raise RuntimeError(f"scontrol requeue {job_id} failed: {out.stderr.strip()}")
-    return 0
+    return StopOutcome(0, job_id if env.is_main else None)
+
+
+def requeue(job_id: str) -> None:
+    """The last thing rank 0 does: `scontrol requeue` ends this attempt (SIGTERM, then SIGKILL)."""
+    out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"scontrol requeue {job_id} failed: {out.stderr.strip()}")

@@ -17,12 +17,14 @@ pytestmark = pytest.mark.dist
 
 
 def test_ddp_replicas_identical_after_a_step(tmp_path: Path) -> None:
-    mp.spawn(train_and_dump_params, args=(2, free_port(), str(tmp_path), ["trainer.max_steps=1"]), nprocs=2)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    mp.spawn(train_and_dump_params, args=(2, free_port(), str(one), ["trainer.max_steps=1"]), nprocs=2)
+    r0, r1 = (torch.load(one / f"rank{r}.pt") for r in range(2))
     assert torch.equal(r0["params"], r1["params"])
-    # And the step did something: the parameters differ from a fresh initialisation.
-    mp.spawn(train_and_dump_params, args=(2, free_port(), str(tmp_path), ["trainer.max_steps=2"]), nprocs=2)
-    assert not torch.equal(r0["params"], torch.load(tmp_path / "rank0.pt")["params"])
+    # And steps do something: a fresh 2-step run ends elsewhere than the 1-step run.
+    mp.spawn(train_and_dump_params, args=(2, free_port(), str(two), ["trainer.max_steps=2"]), nprocs=2)
+    assert not torch.equal(r0["params"], torch.load(two / "rank0.pt")["params"])
 
 
 def test_local_mode_two_ranks_trains_and_loss_falls(run_root: Path) -> None:

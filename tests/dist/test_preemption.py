@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from launcher.errors import EXIT_STOPPED
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
@@ -85,7 +86,8 @@ def test_sigkill_while_saving_keeps_the_previous_checkpoint(run_root: Path) -> N
     assert _losses(run_dir) == _losses(run_root / "ref")
 
 
-def test_ctrl_c_checkpoints_and_the_same_command_resumes(run_root: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_checkpoints_and_the_same_command_resumes(run_root: Path, sig: int) -> None:
     args = ["trainer.max_steps=100000", "trainer.log_every=1", "local.nproc=2", "logger.backend=none",
             f"run.root={hq(run_root)}", "run.name=ctrlc"]
     proc = subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=ROOT, env=launcher_env(),
@@ -94,7 +96,7 @@ def test_ctrl_c_checkpoints_and_the_same_command_resumes(run_root: Path) -> None
     for line in proc.stderr:  # wait until training is under way: the first logged step
         if "step 1/" in line:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_STOPPED, err[-3000:]
     latest = layout.latest_complete_checkpoint(run_root / "ctrlc")
@@ -104,6 +106,24 @@ def test_ctrl_c_checkpoints_and_the_same_command_resumes(run_root: Path) -> None
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"step {latest.step}," in out.stderr
     assert max(_losses(run_root / "ctrlc")) == latest.step + 3
+
+
+def test_signal_during_start_up_is_not_fatal(run_root: Path) -> None:
+    # The launcher forwards SIGUSR1 while the workers are still importing torch: they must stop cleanly at the
+    # first step boundary, not die of the signal's default action.
+    args = ["trainer.max_steps=100000", "local.nproc=2", "logger.backend=none", f"run.root={hq(run_root)}",
+            "run.name=early"]
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=ROOT, env=launcher_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # printed as soon as the workers are started, long before they have imported torch
+        if line.startswith("launcher: started"):
+            break
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_STOPPED, err[-3000:]
+    latest = layout.latest_complete_checkpoint(run_root / "early")
+    assert latest is not None and latest.step >= 1
 
 
 def test_resume_false_never_silently_discards_checkpoints(run_root: Path) -> None:
@@ -116,6 +136,9 @@ def test_resume_false_never_silently_discards_checkpoints(run_root: Path) -> Non
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert "resumed from" not in fresh.stderr
     assert sorted(_losses(run_root / "keep")) == [1, 2, 3]
+    # What a requeue re-reads resumes: resume=false/overwrite=true applied once, at launch.
+    saved = OmegaConf.load(run_root / "keep" / "config.yaml").run
+    assert saved.resume is True and saved.overwrite is False
 
 
 def test_rng_state_round_trips() -> None:
@@ -130,10 +153,13 @@ def test_rng_state_round_trips() -> None:
 def test_checkpoint_settings_do_not_change_the_trajectory(run_root: Path) -> None:
     # Saving (async, sync or not at all) must never touch the training state it saves.
     runs = {"none": ["trainer.ckpt_every=0"], "async": ["trainer.ckpt_every=3"],
-            "sync": ["trainer.ckpt_every=3", "checkpoint.async_save=false"]}
+            "sync": ["trainer.ckpt_every=3", "checkpoint.async_save=false"],
+            # fp16's loss scaler may skip the first steps: the optimizer state must not depend on saving either.
+            "none16": ["trainer.ckpt_every=0", "precision=fp16"], "async16": ["trainer.ckpt_every=3", "precision=fp16"]}
     for name, extra in runs.items():
         out = _run(run_root, name, 8, *extra)
         assert out.returncode == 0, out.stderr[-3000:]
     reference = _losses(run_root / "none")
     assert _losses(run_root / "async") == reference
     assert _losses(run_root / "sync") == reference
+    assert _losses(run_root / "async16") == _losses(run_root / "none16")

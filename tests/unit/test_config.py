@@ -128,3 +128,9 @@ def test_slurm_plan_states_the_gpu_hours_it_reserves() -> None:
     assert "reserves 16 GPUs for up to 2 h = 32 GPU-hours per attempt (about $64 at $2/GPU-hour)" in plan.summary()
     _, local = compose_and_plan(["local.nproc=1"])
     assert "GPU-hours" not in local.summary()
+
+
+@pytest.mark.parametrize("override", ["trainer.global_batch_size=0", "model.n_heads=0", "data.seq_len=0"])
+def test_zero_sizes_are_refused(override: str) -> None:
+    with pytest.raises(ConfigError, match="must be at least 1"):
+        compose_and_plan([override])

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from tests.conftest import hq, launch
 from train.distributed import DistEnv
 from train.entry import check_launch
-from train.preemption import RequeueLimitReached, after_stop, slurm_job_id
+from train.preemption import STOP, RequeueLimitReached, StopOutcome, after_stop, slurm_job_id
 
 
 def _env(launcher: str) -> DistEnv:
@@ -30,7 +30,25 @@ def test_below_the_limit_non_zero_ranks_leave_the_requeue_to_rank_0(monkeypatch:
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     monkeypatch.setenv("PATH", "/nonexistent")  # rank 1 must not even try scontrol
-    assert after_stop(_env("slurm"), OmegaConf.create({"cluster": {"max_requeues": 3}}), step=17) == 0
+    outcome = after_stop(_env("slurm"), OmegaConf.create({"cluster": {"max_requeues": 3}}), step=17)
+    assert outcome == StopOutcome(0, None)
+
+
+def test_rank_0_requeues_jobs_from_sbatch_scripts_with_the_default_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # sbatch/ scripts compose without +cluster: the schema's default max_requeues (3) applies, not 0.
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    rank0 = DistEnv(0, 0, 2, 1, "n1", 1, "slurm", "n1")
+    assert after_stop(rank0, OmegaConf.create({"cluster": None}), step=5) == StopOutcome(0, "42")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    with pytest.raises(RequeueLimitReached, match="max_requeues=3"):
+        after_stop(rank0, OmegaConf.create({"cluster": None}), step=5)
+
+
+def test_sigterm_saves_but_does_not_requeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    rank0 = DistEnv(0, 0, 2, 1, "n1", 1, "slurm", "n1")
+    assert after_stop(rank0, OmegaConf.create({"cluster": {"max_requeues": 3}}), 5, agreed=STOP) == StopOutcome(0, None)
 
 
 def test_array_tasks_requeue_alone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import hq, launch
 
 
@@ -21,7 +23,8 @@ def test_a100x16_dry_run_script(run_root: Path) -> None:
                  "#SBATCH --requeue", "#SBATCH --signal=USR1@90", "export NCCL_IB_DISABLE=0"]:
         assert line in script.splitlines(), line
     assert "torchrun" not in script and "srun" in script
-    assert (run_root / "dry" / "sbatch.sh").read_text().strip() == script.strip()
+    assert (run_root / "dry" / "sbatch.dry_run.sh").read_text().strip() == script.strip()
+    assert not (run_root / "dry" / "config.yaml").exists()  # a dry run leaves the run contract alone
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "submitit" in imported
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
@@ -33,6 +36,28 @@ def test_secrets_in_cluster_env_are_refused(run_root: Path) -> None:
     assert out.returncode == 2
     assert "WANDB_API_KEY" in out.stderr and "export them in your shell" in out.stderr
     assert not (run_root / "sec").exists()
+
+
+@pytest.mark.parametrize("override", ['cluster.setup=["export WANDB_API_KEY=abc123"]',
+                                      '+cluster.extra_sbatch.comment="HF_TOKEN=abc123"'])
+def test_secrets_in_setup_lines_or_extra_sbatch_are_refused(run_root: Path, override: str) -> None:
+    out = launch("+cluster=a100x16", "launcher.dry_run=true", override, f"run.root={hq(run_root)}", "run.name=sec")
+    assert out.returncode == 2, out.stderr
+    assert "secrets are never written" in out.stderr
+    assert not (run_root / "sec").exists()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("cluster.signal=KILL", "not a signal the ranks can catch"),
+    ("cluster.signal=FOO", "not a signal the ranks can catch"),
+    ("cluster.signal_lead_s=70000", "between 1 and 65535"),
+])
+def test_bad_signal_settings_are_refused_before_anything_is_written(run_root: Path, override: str,
+                                                                   message: str) -> None:
+    out = launch("+cluster=a100x16", "launcher.dry_run=true", override, f"run.root={hq(run_root)}", "run.name=sig")
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert not (run_root / "sig").exists()
 
 
 def test_dry_run_config_and_script_hold_no_secret_from_the_environment(run_root: Path) -> None:

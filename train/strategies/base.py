@@ -47,6 +47,7 @@ class Strategy:
         model = self.wrap(model.to(self.device))
         self.model = model
         self.optimizer = build_optimizer(model, self.cfg.optim)
+        init_optimizer_state(self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         if self.compute_dtype == torch.float16:
             self.scaler = self.make_scaler()
@@ -101,6 +102,23 @@ class Strategy:
     def current_lr(self) -> float:
         assert self.optimizer is not None
         return float(self.optimizer.param_groups[0]["lr"])
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer state now, exactly as a fresh optimizer's first step finds it.
+
+    Otherwise DCP's get_state_dict creates it at the first save (or at a resume) with a dummy step that also
+    advances AdamW's step count, which changes the bias correction and so the training trajectory: after an
+    fp16 overflow skipped the first steps, or when staging buffers are allocated before training.
+    """
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    _init_optim_state(optimizer)  # a step with zero gradients and lr 0: parameters and moments stay unchanged
+    for state in optimizer.state.values():
+        if isinstance(state.get("step"), torch.Tensor):
+            state["step"].zero_()
+        elif "step" in state:
+            state["step"] = 0
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
