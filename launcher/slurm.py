@@ -7,6 +7,7 @@ would be killed by the preemption signal before the ranks could checkpoint.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -105,8 +106,6 @@ def _mem(gb: float) -> str:
 
 
 def setup_lines(c: Any) -> list[str]:
-    import shlex
-
     sig = signal_name(c)
     lines = [
         # `scancel --signal=USR1 --full` also signals the batch shell; without a trap bash would die and take
@@ -125,8 +124,6 @@ def slurm_folder(run_dir: Path) -> Path:
 
 def render_sbatch(cfg: DictConfig, plan: Plan) -> str:
     """The exact script submitit submits, rendered without a cluster (dry runs, login nodes without srun)."""
-    import shlex
-
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = slurm_folder(plan.run_dir)
@@ -207,8 +204,6 @@ def submit(cfg: DictConfig, plan: Plan) -> int:
 
 
 def _q(path: Any) -> str:
-    import shlex
-
     return shlex.quote(str(path))
 
 
