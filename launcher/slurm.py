@@ -229,9 +229,18 @@ def job_state(job_id: str) -> tuple[str, str]:
     return state.split()[0], code
 
 
+def in_queue(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True, timeout=60)
+    return bool(out.stdout.strip())
+
+
+# Polls in a row with neither an accounting record nor a queue entry before giving up (sacct can lag a little).
+UNKNOWN_POLLS = 30
+
+
 def follow(job_id: str, log_path: Path) -> int:
     """Stream the rank-0 log until the job ends; exit 0 only if SLURM says COMPLETED."""
-    offset = 0
+    offset, unknown = 0, 0
     while True:
         offset = _print_new(log_path, offset)
         state, code = job_state(job_id)
@@ -239,6 +248,11 @@ def follow(job_id: str, log_path: Path) -> int:
             _print_new(log_path, offset)
             print(f"job {job_id} ended: {state} (exit code {code})", file=sys.stderr)
             return 0 if state == "COMPLETED" else 1
+        unknown = unknown + 1 if not state and not in_queue(job_id) else 0
+        if unknown >= UNKNOWN_POLLS:
+            print(f"job {job_id} left the queue and accounting has no record of it (is slurmdbd running?): "
+                  f"see {log_path}", file=sys.stderr)
+            return 1
         time.sleep(POLL_S)
 
 

@@ -67,3 +67,27 @@ def test_dry_run_config_and_script_hold_no_secret_from_the_environment(run_root:
     for f in (run_root / "env").rglob("*"):
         if f.is_file():
             assert "supersecret" not in f.read_text()
+
+
+def test_follow_gives_up_when_the_job_vanishes_without_accounting(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    from launcher import slurm
+
+    polls = []
+    monkeypatch.setattr(slurm, "job_state", lambda job_id: polls.append(job_id) or ("", ""))
+    monkeypatch.setattr(slurm, "in_queue", lambda job_id: len(polls) < 3)  # queued for 2 polls, then gone
+    monkeypatch.setattr(slurm, "POLL_S", 0.0)
+    assert slurm.follow("77", tmp_path / "missing.log") == 1
+    assert len(polls) == 2 + slurm.UNKNOWN_POLLS
+
+
+def test_follow_returns_the_jobs_result(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from launcher import slurm
+
+    states = iter([("PENDING", ""), ("RUNNING", ""), ("FAILED", "1:0")])
+    monkeypatch.setattr(slurm, "job_state", lambda job_id: next(states))
+    monkeypatch.setattr(slurm, "in_queue", lambda job_id: True)
+    monkeypatch.setattr(slurm, "POLL_S", 0.0)
+    log = tmp_path / "r0.err"
+    log.write_text("step 1 loss 5.0\n")
+    assert slurm.follow("78", log) == 1
