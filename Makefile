@@ -14,7 +14,8 @@ help: ## list the targets
 
 install: ## install slurmtrain (editable) with its dev and deepspeed extras
 	$(PIP) install $(TORCH_SPEC)
-	$(PIP) install -e '.[dev,deepspeed]'
+	# compat: a path entry rather than an import hook, so Hydra's plugin scan finds hydra_plugins/ (sweeps)
+	$(PIP) install --config-settings editable_mode=compat -e '.[dev,deepspeed]'
 
 test: ## run every test tier this machine supports (unit, dist, slurm when `make slurm-up` ran, gpu with CUDA)
 	$(PYTEST) tests -q

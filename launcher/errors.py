@@ -9,3 +9,7 @@ EXIT_STOPPED = 75
 
 class ConfigError(Exception):
     """Raised before anything is created, submitted or overwritten."""
+
+
+class SweepExit(SystemExit):
+    """A sweep's own exit code (bad input, a failed point), as opposed to Hydra's exit on a bad override."""

@@ -149,6 +149,8 @@ class LoggerConfig:
     mode: str = "offline"  # offline | online | disabled
     project: str = "slurmtrain"
     entity: str | None = None
+    # wandb run group; a sweep sets it to the sweep name so its points show together.
+    group: str | None = None
 
 
 @dataclass
@@ -160,6 +162,9 @@ class LauncherConfig:
     # Inside an sbatch allocation (sbatch/*.sbatch): write the run directory for SLURM_NTASKS ranks, print the
     # config path and exit; the script then runs `srun python -m train.entry --config PATH`.
     prepare_only: bool = False
+    # `-m` sweeps: the sweep's name (its directory under run.root/sweeps/ and the wandb group); None: derived
+    # from the sweep's overrides, so the same sweep command finds the same sweep again (and resumes it).
+    sweep_name: str | None = None
 
 
 @dataclass
@@ -189,6 +194,8 @@ class ClusterConfig:
     # srun starts one task per rank. torchrun under srun is refused: its agent dies on the preemption signal.
     launch: str = "srun"
     max_requeues: int = 3
+    # `-m` sweeps: at most this many array tasks run at once (sbatch --array=0-N%THIS).
+    array_parallelism: int = 256
     price_per_gpu_hour: float | None = None
     extra_sbatch: dict[str, Any] = field(default_factory=dict)
 
@@ -210,6 +217,9 @@ class Config:
 
 
 def register() -> None:
+    from launcher.sweep import register_launcher
+
+    register_launcher()
     # The top-level schema types every group's node, so group files are validated without schemas of their own
     # (which would also show up as bogus choices in Hydra's "Available options" list).
     ConfigStore.instance().store(name="schema", node=Config)

@@ -146,18 +146,28 @@ def preflight(cfg: DictConfig) -> None:
                               f"of {valid}")
 
 
-def refuse_live_jobs(run_dir: Path) -> None:
-    """Two jobs training one run directory would overwrite each other's checkpoints."""
+def live_jobs(run_dir: Path) -> list[str]:
+    """The jobs of RUN_DIR/jobs.txt that SLURM still has queued or running."""
     jobs_file = run_dir / "jobs.txt"
     if not jobs_file.is_file() or shutil.which("squeue") is None:
-        return
+        return []
     ids = jobs_file.read_text().split()
     out = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True, text=True,
                          timeout=60)
-    live = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+
+
+def refuse_live_jobs(run_dir: Path) -> None:
+    """Two jobs training one run directory would overwrite each other's checkpoints."""
+    live = live_jobs(run_dir)
     if live:
         raise ConfigError(f"job {live[0]} is still queued or running on {run_dir}: wait for it, `scancel {live[0]}`, "
                           "or pick another run.name")
+
+
+def record_job(run_dir: Path, job_id: str) -> None:
+    with (run_dir / "jobs.txt").open("a") as f:
+        f.write(f"{job_id}\n")
 
 
 def test_submission(script: str) -> None:
@@ -168,7 +178,7 @@ def test_submission(script: str) -> None:
         raise ConfigError(f"SLURM would refuse this job: {message[-400:]}; fix the cluster.* settings")
 
 
-def submit(cfg: DictConfig, plan: Plan) -> int:
+def submit(cfg: DictConfig, plan: Plan, argv: list[str] | None = None) -> int:
     if cfg.launcher.dry_run:
         return dry_run(cfg, plan)
     preflight(cfg)
@@ -177,7 +187,7 @@ def submit(cfg: DictConfig, plan: Plan) -> int:
 
     from train.entry import run as train_entry
 
-    config_path = rundir.prepare(cfg, plan.run_dir)
+    config_path = rundir.prepare(cfg, plan.run_dir, argv=argv)
     executor = submitit.SlurmExecutor(folder=slurm_folder(plan.run_dir), max_num_timeout=cfg.cluster.max_requeues)
     executor.update_parameters(**executor_parameters(cfg, plan))
     try:
@@ -188,8 +198,7 @@ def submit(cfg: DictConfig, plan: Plan) -> int:
     script = slurm_folder(plan.run_dir) / f"{job.job_id}_submission.sh"
     if script.is_file():
         shutil.copyfile(script, plan.run_dir / "sbatch.sh")
-    with (plan.run_dir / "jobs.txt").open("a") as f:
-        f.write(f"{job.job_id}\n")
+    record_job(plan.run_dir, str(job.job_id))
     # Ranks log to stderr; submitit keeps one file per task (rank).
     log_out = job.paths.stderr
     print(f"submitted job {job.job_id}\n"
@@ -253,6 +262,31 @@ def follow(job_id: str, log_path: Path) -> int:
             print(f"job {job_id} left the queue and accounting has no record of it (is slurmdbd running?): "
                   f"see {log_path}", file=sys.stderr)
             return 1
+        time.sleep(POLL_S)
+
+
+def follow_tasks(job_ids: list[str]) -> int:
+    """Wait until every job (array task) has ended, printing each state change; 0 only if all COMPLETED."""
+    seen: dict[str, str] = {}
+    unknown = dict.fromkeys(job_ids, 0)
+    while True:
+        for job_id in job_ids:
+            if seen.get(job_id, "").startswith(TERMINAL_STATES):
+                continue
+            state, code = job_state(job_id)
+            if not state:
+                unknown[job_id] = 0 if in_queue(job_id) else unknown[job_id] + 1
+                state = "LOST" if unknown[job_id] >= UNKNOWN_POLLS else "PENDING"
+            if state != seen.get(job_id):
+                print(f"job {job_id}: {state}" + (f" (exit code {code})" if state.startswith(TERMINAL_STATES) else ""),
+                      file=sys.stderr)
+                seen[job_id] = state
+        if all(seen[j].startswith(TERMINAL_STATES) or seen[j] == "LOST" for j in job_ids):
+            failed = [j for j in job_ids if seen[j] != "COMPLETED"]
+            print(f"{len(job_ids) - len(failed)} of {len(job_ids)} jobs completed"
+                  + (f"; not completed: {', '.join(f'{j} ({seen[j]})' for j in failed)}" if failed else ""),
+                  file=sys.stderr)
+            return 1 if failed else 0
         time.sleep(POLL_S)
 
 

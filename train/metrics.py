@@ -135,6 +135,7 @@ def _init_wandb(cfg: Any, run_dir: Path, run_id: str | None, config: dict[str, A
         mode=cfg.logger.mode,
         dir=str(run_dir),
         name=cfg.run.name,
+        group=cfg.logger.group,
         id=run_id,
         # A requeued or re-run job continues the same curve.
         resume="allow",

@@ -1,0 +1,36 @@
+"""One run, validated and planned, sent where it runs: this machine, SLURM, or (inside sbatch) only prepared."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from omegaconf import DictConfig
+
+
+def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
+    """Run one composed config. `argv` is the command that reproduces it (a sweep point's own overrides)."""
+    from launcher import plan as planning
+    from launcher import rundir
+
+    plan = planning.make_plan(cfg)
+    if plan.mode == "prepare" and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
+        # A requeued sbatch script runs this again: resume what the first attempt saved, whatever it was told.
+        cfg.run.resume, cfg.run.overwrite = True, False
+    rundir.check_run_dir(cfg, plan.run_dir, plan.world_size)
+    if plan.mode != "prepare":
+        from launcher.slurm import refuse_live_jobs
+
+        refuse_live_jobs(plan.run_dir)
+    print(plan.summary(), file=sys.stderr)
+    if plan.mode == "slurm":
+        from launcher.slurm import submit
+
+        return submit(cfg, plan, argv=argv)
+    from launcher.local import run_local
+
+    config_path = rundir.prepare(cfg, plan.run_dir, argv=argv)
+    if plan.mode == "prepare":
+        print(config_path)
+        return 0
+    return run_local(config_path, plan.world_size)

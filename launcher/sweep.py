@@ -1,0 +1,138 @@
+"""The `slurmtrain` Hydra Launcher plugin (hydra/launcher=slurmtrain): `-m` sweeps as SLURM job arrays.
+
+slurmtrain's own config selects it for every `python -m launcher -m ...`. Its points are training runs
+(`launcher/sweep_run.py`): with `+cluster` one job array per resource shape, returning at once; without, one point
+after another on this machine. Any other Hydra app that selects it gets the generic behaviour of a submitit
+launcher: every job of a batch is one task of a SLURM array running the app's task function, and the results
+come back to Hydra (`hydra.launcher.wait=false` returns the array task ids instead, without waiting).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+SWEEP_NAME_RESOLVER = "slurmtrain_sweep_name"
+
+
+@dataclass
+class SlurmtrainLauncherConf:
+    _target_: str = "hydra_plugins.slurmtrain_launcher.SlurmtrainLauncher"
+    # slurmtrain's config.yaml sets this: every point is a training run planned and submitted by slurmtrain,
+    # taking its SLURM resources from its own `cluster` config. The keys below are for other Hydra apps.
+    training: bool = False
+    # Generic apps: follow the array and return the task function's results (Hydra's usual contract).
+    wait: bool = True
+    partition: str | None = None
+    time_min: int = 60
+    nodes: int = 1
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    mem_gb: float | None = None
+    array_parallelism: int = 256
+    setup: list[str] = field(default_factory=list)
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def sweep_name(explicit: str | None, overrides: Any) -> str:
+    """The sweep's name: given, or derived from its overrides (order-free, launcher.* left out), so that the same
+    sweep command names the same sweep and resumes it."""
+    if explicit:
+        return str(explicit)
+    items = list(overrides) if isinstance(overrides, (list, ListConfig)) else []
+    kept = sorted(str(o) for o in items if not str(o).lstrip("+~").startswith(("launcher.", "hydra.")))
+    return "sweep-" + hashlib.sha1(json.dumps(kept).encode()).hexdigest()[:8]
+
+
+def register_launcher() -> None:
+    ConfigStore.instance().store(group="hydra/launcher", name="slurmtrain", node=SlurmtrainLauncherConf,
+                                 provider="slurmtrain")
+    if not OmegaConf.has_resolver(SWEEP_NAME_RESOLVER):
+        OmegaConf.register_new_resolver(SWEEP_NAME_RESOLVER, sweep_name)
+
+
+class SweepLauncher(Launcher):
+    """Hydra instantiates its subclass in hydra_plugins.slurmtrain_launcher (plugins must live there)."""
+
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def load_point(self, overrides: Sequence[str]) -> DictConfig:
+        assert self.hydra_context is not None and self.config is not None
+        return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        if self.params.get("training"):
+            from launcher.sweep_run import launch_training
+
+            return launch_training(self, job_overrides, initial_job_idx)
+        return self._launch_generic(job_overrides, initial_job_idx)
+
+    # ---- any other Hydra app: the task function as array tasks
+    def _launch_generic(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+        import submitit
+
+        assert self.config is not None
+        p = self.params
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        executor = submitit.SlurmExecutor(folder=sweep_dir / ".submitit" / "%j")
+        params = {"job_name": self.config.hydra.job.name, "nodes": p["nodes"], "ntasks_per_node": p["tasks_per_node"],
+                  "cpus_per_task": p["cpus_per_task"], "time": p["time_min"], "partition": p["partition"],
+                  "array_parallelism": p["array_parallelism"], "setup": list(p["setup"]),
+                  "additional_parameters": dict(p["additional_parameters"])}
+        if p["mem_gb"]:
+            params["mem"] = f"{int(p['mem_gb'] * 1024)}MB"
+        executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        nums = [initial_job_idx + i for i in range(len(job_overrides))]
+        for num, overrides in zip(nums, job_overrides, strict=True):
+            log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
+        state = Singleton.get_state()
+        jobs = executor.map_array(_GenericTask(self), [list(o) for o in job_overrides], nums,
+                                  [state] * len(nums))
+        if p["wait"]:
+            return [job.results()[0] for job in jobs]
+        return [JobReturn(overrides=list(o), status=JobStatus.COMPLETED, _return_value=job.job_id)
+                for o, job in zip(job_overrides, jobs, strict=True)]
+
+
+class _GenericTask:
+    """What an array task runs for a generic Hydra app: the app's task function under its sweep config."""
+
+    def __init__(self, launcher: SweepLauncher) -> None:
+        self.hydra_context = launcher.hydra_context
+        self.task_function = launcher.task_function
+        self.config = launcher.config
+
+    def __call__(self, overrides: list[str], job_num: int, singleton_state: dict[Any, Any]) -> JobReturn:
+        import submitit
+
+        assert self.hydra_context is not None and self.config is not None and self.task_function is not None
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(config.hydra.job):
+            config.hydra.job.id = submitit.JobEnvironment().job_id
+            config.hydra.job.num = job_num
+        return run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=config,
+                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")

@@ -1,0 +1,298 @@
+"""A training sweep: every point composed, validated and planned before anything runs; then the points that are
+not finished and not already queued go to SLURM as one job array per resource shape (or run here, one after
+another, without `+cluster`). The sweep directory records it all (launcher/sweepdir.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from omegaconf import DictConfig, open_dict
+
+from launcher import rundir, slurm
+from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
+from launcher.plan import Plan, make_plan
+from launcher.sweepdir import Array, Point, Sweep, load_sweep, override_key, save_sweep, swept_label
+from train import ckpt_layout as layout
+
+if TYPE_CHECKING:
+    from launcher.sweep import SweepLauncher
+
+
+@dataclass
+class PointRun:
+    point: Point
+    cfg: DictConfig
+    plan: Plan
+    label: str  # the swept values, e.g. `optim.lr=1e-4 strategy=fsdp`
+    action: str = ""  # finished | live | run (set by classify)
+    detail: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.plan.run_dir
+
+
+def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[str]],
+                    initial_job_idx: int) -> list[JobReturn]:
+    assert launcher.config is not None
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).expanduser().resolve()
+    try:
+        swept = swept_keys(job_overrides)
+        points = [plan_point(launcher, initial_job_idx + i, overrides, swept)
+                  for i, overrides in enumerate(job_overrides)]
+        check_points(points)
+        sweep = record(sweep_dir, points, job_overrides)
+        for p in points:
+            classify(p)
+        if points[0].cfg.cluster is None:
+            save_sweep(sweep_dir, sweep)
+            code = run_here(points, sweep_dir)
+        else:
+            code = submit_arrays(points, sweep, sweep_dir)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        discard_new_sweep_dir(sweep_dir)
+        raise SweepExit(EXIT_BAD_INPUT) from None
+    if code:
+        raise SweepExit(code)
+    return [JobReturn(overrides=p.point.overrides, status=JobStatus.COMPLETED, _return_value=p.action)
+            for p in points]
+
+
+def discard_new_sweep_dir(sweep_dir: Path) -> None:
+    """Bad input leaves nothing behind: Hydra made the sweep directory (multirun.yaml) before any point was
+    checked; a sweep that never recorded anything takes it away again."""
+    if (sweep_dir / "sweep.json").exists():
+        return
+    (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+    for path in (sweep_dir, sweep_dir.parent):
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
+def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], swept: list[str]) -> PointRun:
+    assert launcher.config is not None
+    cfg = launcher.load_point(overrides)
+    sweep_name = Path(str(launcher.config.hydra.sweep.dir)).name
+    with open_dict(cfg):
+        del cfg["hydra"]
+        if not cfg.logger.group:
+            cfg.logger.group = sweep_name  # each point its own wandb run, grouped by the sweep
+    point = Point(index=index, overrides=list(filter_overrides(overrides)), run_dir="")
+    label = swept_label(point.overrides, swept) or point.label
+    try:
+        plan = make_plan(cfg)
+    except ConfigError as err:
+        raise ConfigError(f"sweep point {index} ({label}): {err}") from None
+    point.run_dir = str(plan.run_dir)
+    return PointRun(point, cfg, plan, label)
+
+
+def check_points(points: list[PointRun]) -> None:
+    modes = {p.cfg.cluster is None for p in points}
+    if len(modes) > 1:
+        raise ConfigError("some sweep points have +cluster and some do not: sweep either on SLURM or locally, "
+                          "not both in one command")
+    seen: dict[Path, PointRun] = {}
+    for p in points:
+        if p.run_dir in seen:
+            other = seen[p.run_dir]
+            raise ConfigError(
+                f"sweep points {other.point.index} ({other.label}) and {p.point.index} ({p.label}) would "
+                f"train in the same run directory {p.run_dir} (the swept keys do not change what is trained): "
+                "sweep a training setting, or give each point its own run.name"
+            )
+        seen[p.run_dir] = p
+
+
+def swept_keys(job_overrides: Sequence[Sequence[str]]) -> list[str]:
+    values: dict[str, set[str]] = defaultdict(set)
+    order: list[str] = []
+    for overrides in job_overrides:
+        for o in filter_overrides(overrides):
+            key = override_key(o)
+            if key not in values:
+                order.append(key)
+            values[key].add(o)
+    return [k for k in order if len(values[k]) > 1]
+
+
+def record(sweep_dir: Path, points: list[PointRun], job_overrides: Sequence[Sequence[str]]) -> Sweep:
+    """The sweep directory's record, merged with what an earlier run of the same sweep submitted."""
+    command = shlex.join([sys.executable, "-m", "launcher", *sys.argv[1:]])
+    sweep = Sweep(name=sweep_dir.name, command=command, swept=swept_keys(job_overrides),
+                  points=[p.point for p in points])
+    if (sweep_dir / "sweep.json").is_file():
+        old = load_sweep(sweep_dir)
+        jobs = {pt.run_dir: pt.jobs for pt in old.points}
+        for p in points:
+            p.point.jobs = list(jobs.get(p.point.run_dir, []))
+        sweep.arrays = old.arrays
+    return sweep
+
+
+def classify(p: PointRun) -> None:
+    latest = layout.latest_complete_checkpoint(p.run_dir)
+    if p.cfg.run.resume and latest is not None and latest.step >= p.cfg.trainer.max_steps:
+        p.action, p.detail = "finished", f"finished at step {latest.step}: skipped"
+        return
+    live = slurm.live_jobs(p.run_dir)
+    if live:
+        p.action, p.detail = "live", f"still queued or running as job {live[-1]}: left alone"
+        return
+    try:
+        rundir.check_run_dir(p.cfg, p.run_dir, p.plan.world_size)
+    except ConfigError as err:
+        raise ConfigError(f"sweep point {p.point.index} ({p.label}): {err}") from None
+    resume = latest.step if (p.cfg.run.resume and latest is not None) else None
+    p.action = "run"
+    p.detail = f"resumes from step {resume}" if resume is not None else "starts"
+
+
+def _print_points(points: list[PointRun]) -> None:
+    for p in points:
+        print(f"  point {p.point.index}: {p.label}\n      {p.detail}; run directory {p.run_dir}")
+
+
+# ---- SLURM: one array per resource shape
+def resources(cfg: DictConfig, plan: Plan) -> dict[str, Any]:
+    params = slurm.executor_parameters(cfg, plan)
+    params.pop("job_name")
+    return params
+
+
+def submit_arrays(points: list[PointRun], sweep: Sweep, sweep_dir: Path) -> int:
+    todo = [p for p in points if p.action == "run"]
+    shapes: dict[str, list[PointRun]] = defaultdict(list)
+    for p in todo:
+        shapes[json.dumps(resources(p.cfg, p.plan), sort_keys=True, default=str)].append(p)
+    first = points[0]
+    if first.cfg.launcher.dry_run:
+        return _dry_run(list(shapes.values()), sweep)
+    for group in shapes.values():  # SLURM's verdict on every shape before anything is queued
+        slurm.preflight(group[0].cfg)
+        slurm.test_submission(slurm.render_sbatch(group[0].cfg, group[0].plan))
+    array_ids = []
+    for group in shapes.values():
+        array_ids.append(_submit_array(group, sweep, sweep_dir))
+        save_sweep(sweep_dir, sweep)
+    save_sweep(sweep_dir, sweep)
+    print(f"sweep {sweep.name}: {len(points)} points")
+    _print_points(points)
+    if len(shapes) > 1:
+        print(f"the points need {len(shapes)} different SLURM resource shapes: {len(shapes)} arrays "
+              f"({', '.join(array_ids)})")
+    if not todo:
+        print("nothing submitted: every point is finished or still queued")
+    print(f"sweep directory: {sweep_dir}\n"
+          f"status:          python -m launcher.status {shlex.quote(str(sweep_dir))}\n"
+          f"plots:           python -m launcher.report {shlex.quote(str(sweep_dir))}")
+    if first.cfg.launcher.wait and todo:
+        return slurm.follow_tasks([p.point.jobs[-1] for p in todo])
+    return 0
+
+
+def _submit_array(group: list[PointRun], sweep: Sweep, sweep_dir: Path) -> str:
+    import submitit
+
+    from train.entry import run as train_entry
+
+    cfg, plan = group[0].cfg, group[0].plan
+    config_paths = [str(rundir.prepare(p.cfg, p.run_dir, argv=["launcher", *p.point.overrides])) for p in group]
+    executor = submitit.SlurmExecutor(folder=sweep_dir / "slurm", max_num_timeout=cfg.cluster.max_requeues)
+    executor.update_parameters(**slurm.executor_parameters(cfg, plan), array_parallelism=cfg.cluster.array_parallelism)
+    executor.update_parameters(job_name=sweep.name)
+    try:
+        jobs = executor.map_array(train_entry, config_paths)
+    except Exception as err:  # submitit wraps sbatch's refusal; show SLURM's own words, one line
+        message = " ".join(str(err).split())
+        raise ConfigError(f"sbatch refused the sweep's array: {message[-400:]}") from err
+    array_id = str(jobs[0].job_id).split("_")[0]
+    for p, job in zip(group, jobs, strict=True):
+        p.point.jobs.append(str(job.job_id))
+        slurm.record_job(p.run_dir, str(job.job_id))
+        p.detail = f"{p.detail}: submitted as {job.job_id}"
+    shape = ", ".join(f"{k}={v}" for k, v in resources(cfg, plan).items() if k not in ("setup", "srun_args",
+                                                                                      "additional_parameters",
+                                                                                      "stderr_to_stdout"))
+    sweep.arrays.append(Array(array_id=array_id, points=[p.point.index for p in group], resources=shape,
+                              submitted=datetime.now(timezone.utc).isoformat(timespec="seconds")))
+    print(f"submitted array {array_id}: {len(group)} tasks, at most {min(len(group), cfg.cluster.array_parallelism)} "
+          "at once "
+          f"({shape})")
+    return array_id
+
+
+def _dry_run(groups: list[list[PointRun]], sweep: Sweep) -> int:
+    for group in groups:
+        cfg, plan = group[0].cfg, group[0].plan
+        script = slurm.render_sbatch(cfg, plan)
+        n = len(group)
+        array = f"#SBATCH --array=0-{n - 1}%{min(n, cfg.cluster.array_parallelism)}"
+        print(script.replace("#SBATCH --job-name", f"{array}\n#SBATCH --job-name", 1))
+        print(f"dry run: this array would run points {', '.join(str(p.point.index) for p in group)}",
+              file=sys.stderr)
+    print(f"dry run: nothing submitted for sweep {sweep.name}", file=sys.stderr)
+    return 0
+
+
+# ---- no cluster: the points one after another on this machine
+def run_here(points: list[PointRun], sweep_dir: Path) -> int:
+    from launcher.dispatch import dispatch
+
+    codes: dict[int, int | None] = {}
+    for p in points:
+        if p.action != "run":
+            print(f"sweep point {p.point.index} ({p.label}): {p.detail}", file=sys.stderr)
+            continue
+        print(f"sweep point {p.point.index} ({p.label}): {p.detail}", file=sys.stderr)
+        codes[p.point.index] = dispatch(p.cfg, argv=["launcher", *p.point.overrides])
+        if codes[p.point.index] == EXIT_STOPPED:
+            break  # Ctrl-C or a stop signal: stop the sweep; the same command resumes it
+    _summary(points, codes, sweep_dir)
+    if any(c == EXIT_STOPPED for c in codes.values()):
+        return EXIT_STOPPED
+    return 1 if any(codes.values()) else 0
+
+
+def _last_row(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "metrics.jsonl"
+    rows: list[dict[str, Any]] = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows[-1] if rows else {}
+
+
+def _summary(points: list[PointRun], codes: dict[int, int | None], sweep_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sweep {sweep_dir.name}")
+    for col in ("point", "overrides", "result", "step", "final loss", "run directory"):
+        table.add_column(col)
+    for p in points:
+        code = codes.get(p.point.index)
+        result = {None: p.action if p.action != "run" else "not run", 0: "finished",
+                  EXIT_STOPPED: "stopped (resumable)"}.get(code, f"failed (exit {code})")
+        row = _last_row(p.run_dir)
+        loss = f"{row['loss']:.4f}" if "loss" in row else "-"
+        table.add_row(str(p.point.index), p.label, result,
+                      f"{row.get('step', 0)}/{p.cfg.trainer.max_steps}", loss, str(p.run_dir))
+    Console(stderr=True, width=200).print(table)
+    print(f"sweep directory: {sweep_dir}", file=sys.stderr)
