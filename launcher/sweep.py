@@ -136,3 +136,9 @@ class _GenericTask:
             config.hydra.job.num = job_num
         return run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=config,
                        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Preempted or timed out: submitit requeues the task with the same arguments (the app starts over)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)

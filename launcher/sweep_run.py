@@ -21,7 +21,7 @@ from omegaconf import DictConfig, open_dict
 from launcher import rundir, slurm
 from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
 from launcher.plan import Plan, make_plan
-from launcher.sweepdir import Array, Point, Sweep, load_sweep, override_key, save_sweep, swept_label
+from launcher.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
 from train import ckpt_layout as layout
 
 if TYPE_CHECKING:
@@ -47,11 +47,11 @@ def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[st
     assert launcher.config is not None
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).expanduser().resolve()
     try:
-        swept = swept_keys(job_overrides)
+        swept = swept_keys(launcher.config.hydra.overrides.task)
         points = [plan_point(launcher, initial_job_idx + i, overrides, swept)
                   for i, overrides in enumerate(job_overrides)]
         check_points(points)
-        sweep = record(sweep_dir, points, job_overrides)
+        sweep = record(sweep_dir, points, swept)
         for p in points:
             classify(p)
         if points[0].cfg.cluster is None:
@@ -117,28 +117,28 @@ def check_points(points: list[PointRun]) -> None:
         seen[p.run_dir] = p
 
 
-def swept_keys(job_overrides: Sequence[Sequence[str]]) -> list[str]:
-    values: dict[str, set[str]] = defaultdict(set)
-    order: list[str] = []
-    for overrides in job_overrides:
-        for o in filter_overrides(overrides):
-            key = override_key(o)
-            if key not in values:
-                order.append(key)
-            values[key].add(o)
-    return [k for k in order if len(values[k]) > 1]
+def swept_keys(task_overrides: Sequence[str]) -> list[str]:
+    """The keys the sweep command sweeps (`optim.lr=1e-4,3e-4`, `range(...)`, `choice(...)`), in its order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([str(o) for o in task_overrides])
+    return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
 
 
-def record(sweep_dir: Path, points: list[PointRun], job_overrides: Sequence[Sequence[str]]) -> Sweep:
-    """The sweep directory's record, merged with what an earlier run of the same sweep submitted."""
+def record(sweep_dir: Path, points: list[PointRun], swept: list[str]) -> Sweep:
+    """The sweep directory's record, merged with what an earlier run of the same sweep (or an earlier batch of
+    this one, with hydra.sweeper.max_batch_size) recorded."""
     command = shlex.join([sys.executable, "-m", "launcher", *sys.argv[1:]])
-    sweep = Sweep(name=sweep_dir.name, command=command, swept=swept_keys(job_overrides),
+    sweep = Sweep(name=sweep_dir.name, command=command, swept=swept,
                   points=[p.point for p in points])
     if (sweep_dir / "sweep.json").is_file():
         old = load_sweep(sweep_dir)
         jobs = {pt.run_dir: pt.jobs for pt in old.points}
         for p in points:
             p.point.jobs = list(jobs.get(p.point.run_dir, []))
+        batch = {p.point.index for p in points}
+        sweep.points = sorted([pt for pt in old.points if pt.index not in batch] + sweep.points,
+                              key=lambda pt: pt.index)
         sweep.arrays = old.arrays
     return sweep
 
@@ -180,6 +180,7 @@ def submit_arrays(points: list[PointRun], sweep: Sweep, sweep_dir: Path) -> int:
         shapes[json.dumps(resources(p.cfg, p.plan), sort_keys=True, default=str)].append(p)
     first = points[0]
     if first.cfg.launcher.dry_run:
+        discard_new_sweep_dir(sweep_dir)
         return _dry_run(list(shapes.values()), sweep)
     for group in shapes.values():  # SLURM's verdict on every shape before anything is queued
         slurm.preflight(group[0].cfg)
@@ -244,7 +245,8 @@ def _dry_run(groups: list[list[PointRun]], sweep: Sweep) -> int:
         print(script.replace("#SBATCH --job-name", f"{array}\n#SBATCH --job-name", 1))
         print(f"dry run: this array would run points {', '.join(str(p.point.index) for p in group)}",
               file=sys.stderr)
-    print(f"dry run: nothing submitted for sweep {sweep.name}", file=sys.stderr)
+    print(f"dry run: nothing submitted for sweep {sweep.name} ({len(groups)} array(s), one per resource shape)",
+          file=sys.stderr)
     return 0
 
 

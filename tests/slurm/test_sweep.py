@@ -216,7 +216,51 @@ def test_preempt_one_task_cancel_two_and_resume_the_sweep(run_root: Path) -> Non
     for p in resumed.points:
         for job in p.jobs:
             expected += sum(int(e) * int(c) for e, c in sacct(job, "ElapsedRaw,AllocCPUS", "-D")) / 3600
-    assert status["total"]["hours"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert status["total"]["cpu_hours"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
     assert expected > 0
     requeues = {row["job"]: row["requeues"] for row in status["rows"]}
     assert requeues[tasks[1]] == 1 and sum(requeues.values()) == 1
+
+
+# ---- acceptance 5 (rows), 6: status and report on the finished short sweep
+def test_status_shows_four_rows_and_a_total(short_sweep: Submitted) -> None:
+    status = status_json(short_sweep.sweep_dir)
+    rows = {row["job"]: row for row in status["rows"]}
+    assert sorted(rows) == sorted(p.jobs[-1] for p in short_sweep.sweep.points)
+    for p in short_sweep.sweep.points:
+        row = rows[p.jobs[-1]]
+        assert (row["state"], row["step"], row["max_steps"], row["checkpoint_step"]) == ("COMPLETED", 50, 50, 50)
+        assert row["loss"] == read_metrics(Path(p.run_dir))[-1]["loss"]
+        assert row["hours_unit"] == "CPU-h" and row["cpu_hours"] > 0
+    assert status["total"]["runs"] == 4 and status["total"]["requeues"] == 0
+    table = subprocess.run([sys.executable, "-m", "launcher.status", str(short_sweep.sweep_dir)], capture_output=True,
+                           text=True, env=launcher_env(), timeout=120)
+    assert table.returncode == 0 and "total (4 runs)" in table.stdout
+
+
+def test_report_draws_four_loss_curves(short_sweep: Submitted) -> None:
+    from launcher import report
+
+    out = subprocess.run([sys.executable, "-m", "launcher.report", str(short_sweep.sweep_dir)], capture_output=True,
+                         text=True, env=launcher_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    written = out.stdout.splitlines()
+    assert str(short_sweep.sweep_dir / "loss.png") in written
+    # The PNG written holds four curves: the first four colours of matplotlib's cycle, and not the fifth.
+    import matplotlib.image
+    from matplotlib import colors
+
+    pixels = (matplotlib.image.imread(short_sweep.sweep_dir / "loss.png")[..., :3] * 255).round()
+    drawn = {c: int((abs(pixels - [v * 255 for v in colors.to_rgb(c)]).max(-1) <= 2).sum()) for c in
+             ("C0", "C1", "C2", "C3", "C4")}
+    assert all(drawn[c] > 100 for c in ("C0", "C1", "C2", "C3")) and drawn["C4"] == 0, drawn
+    # The figure the report draws: one line per point, its y-data the point's logged losses, labelled by the
+    # swept values.
+    target, title = report.load(short_sweep.sweep_dir)
+    series = report.metric_series(target.runs, "loss")
+    fig = report.line_figure(series, "loss", title)
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 4
+    for line, p in zip(lines, short_sweep.sweep.points, strict=True):
+        assert list(line.get_ydata()) == [r["loss"] for r in read_metrics(Path(p.run_dir))]
+        assert line.get_label() == short_sweep.sweep.point_label(p)

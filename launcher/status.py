@@ -1,0 +1,328 @@
+"""`python -m launcher.status [DIR] [--json] [--watch [SECONDS]]`: one row per run of a run, sweep or run root.
+
+DIR is a run directory (config.yaml), a sweep directory (sweep.json) or a directory holding run directories
+(run.root, e.g. outputs/). Queue and accounting facts come from `launcher.accounting`; everything else is read
+from the run directories, so a local run shows its progress too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from launcher import accounting
+from launcher.errors import EXIT_BAD_INPUT, ConfigError
+from launcher.sweepdir import Sweep, is_sweep_dir, load_sweep
+from train import ckpt_layout
+
+WATCH_DEFAULT_S = 10.0
+
+
+@dataclass
+class RunRef:
+    """A run to show: its directory, the label to show it under and every SLURM job id it ran as."""
+
+    name: str
+    run_dir: Path
+    jobs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Target:
+    runs: list[RunRef]
+    sweep: Sweep | None = None
+
+
+@dataclass
+class Row:
+    name: str
+    run_dir: str
+    job: str
+    state: str
+    step: int | None
+    max_steps: int | None
+    checkpoint_step: int | None
+    requeues: int | None
+    hours_unit: str | None  # GPU-h, CPU-h, or None for a local run
+    loss: float | None
+    tokens_per_s: float | None
+    gpu_hours: float | None
+    cpu_hours: float | None
+    cost: float | None
+
+
+# ---- reading run directories (report.py reads through these too) ----
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl rows; a torn last line (writer killed mid-write) or any unparsable line is skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return {}  # a sweep point whose job has not started yet
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as err:  # omegaconf/yaml raise many types; one line for the user
+        raise ConfigError(f"cannot read {path}: {' '.join(str(err).split())}; fix or remove that file") from err
+    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def read_jobs(run_dir: Path) -> list[str]:
+    path = Path(run_dir) / "jobs.txt"
+    return path.read_text().split() if path.is_file() else []
+
+
+def _job_order(job_id: str) -> tuple[int, int]:
+    # SLURM hands out ids in submission order; an array task sorts with its array.
+    array, _, task = job_id.partition("_")
+    return (int(array) if array.isdigit() else -1, int(task) if task.isdigit() else -1)
+
+
+def merge_jobs(*sources: list[str]) -> list[str]:
+    """Job ids from jobs.txt and sweep.json together, each once, oldest first."""
+    return sorted({j for source in sources for j in source}, key=_job_order)
+
+
+def point_run_dir(sweep_dir: Path, run_dir: str) -> Path:
+    path = Path(run_dir)
+    # Points train in RUN_ROOT/<run name>; the sweep lives in RUN_ROOT/sweeps/<name>.
+    return path if path.is_absolute() else sweep_dir.parent.parent / path
+
+
+def sweep_runs(sweep_dir: Path, sweep: Sweep) -> list[RunRef]:
+    runs = []
+    for point in sweep.points:
+        run_dir = point_run_dir(sweep_dir, point.run_dir)
+        runs.append(RunRef(sweep.point_label(point), run_dir, merge_jobs(point.jobs, read_jobs(run_dir))))
+    return runs
+
+
+def single_run(run_dir: Path, extra_jobs: list[str] | None = None) -> RunRef:
+    name = (read_config(run_dir).get("run") or {}).get("name") or run_dir.name
+    return RunRef(str(name), run_dir, merge_jobs(read_jobs(run_dir), extra_jobs or []))
+
+
+def _load_sweep(sweep_dir: Path) -> Sweep:
+    try:
+        return load_sweep(sweep_dir)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"cannot read {sweep_dir / 'sweep.json'}: {err}; fix or remove that file") from err
+
+
+def find_runs(path: Path) -> Target:
+    """The runs DIR stands for; ConfigError (one line naming the fix) when it stands for none."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path} is not a directory: pass a run directory, a sweep directory or a run.root")
+    if is_sweep_dir(path):
+        sweep = _load_sweep(path)
+        return Target(sweep_runs(path, sweep), sweep)
+    if (path / "config.yaml").is_file():
+        return Target([single_run(path)])
+    # A run root: the sweeps under it are not rows, but they know the array task ids of their points.
+    sweep_jobs: dict[Path, list[str]] = {}
+    for sweep_dir in sorted((path / "sweeps").glob("*")):
+        if is_sweep_dir(sweep_dir):
+            for point in _load_sweep(sweep_dir).points:
+                sweep_jobs[point_run_dir(sweep_dir, point.run_dir).resolve()] = point.jobs
+    children = sorted(c for c in path.iterdir() if (c / "config.yaml").is_file())
+    if not children:
+        raise ConfigError(f"{path} is not a run directory (no config.yaml), a sweep directory (no sweep.json) or a "
+                          "directory of runs: pass one of those, e.g. your run.root (outputs/)")
+    return Target([single_run(c, sweep_jobs.get(c.resolve())) for c in children])
+
+
+# ---- one row per run ----
+
+def local_state(latest: ckpt_layout.CheckpointDir | None, max_steps: int | None, has_metrics: bool) -> str:
+    if latest is not None and max_steps is not None and latest.step >= max_steps:
+        return "finished"
+    return "stopped" if latest is not None or has_metrics else "not started"
+
+
+def slurm_state(newest_job: str, attempts: list[accounting.Attempt] | None) -> str:
+    queued = accounting.queue_state(newest_job)
+    if queued:
+        return queued
+    if attempts:
+        return attempts[-1].state
+    return "unknown"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> Row:
+    config = read_config(run.run_dir)
+    max_steps = (config.get("trainer") or {}).get("max_steps")
+    cluster = config.get("cluster") or {}
+    metrics = read_metrics(run.run_dir)
+    last = metrics[-1] if metrics else {}
+    latest = ckpt_layout.latest_complete_checkpoint(run.run_dir)
+    row = Row(
+        name=run.name, run_dir=str(run.run_dir), job=run.jobs[-1] if run.jobs else "local", state="",
+        step=last.get("step"), max_steps=max_steps, checkpoint_step=latest.step if latest else None, requeues=None,
+        hours_unit=None,
+        loss=_number(last.get("loss")), tokens_per_s=_number(last.get("tokens_per_s")),
+        gpu_hours=None, cpu_hours=None, cost=None,
+    )
+    if not run.jobs:
+        row.state = local_state(latest, max_steps, bool(metrics))
+        return row
+    row.state = slurm_state(run.jobs[-1], None if sacct is None else sacct.get(run.jobs[-1], []))
+    tries = None if sacct is None else [a for job in run.jobs for a in sacct.get(job, [])]
+    gpus_per_node = cluster.get("gpus_per_node")
+    uses_gpus = bool(gpus_per_node) if cluster else any(a.gpus for a in tries or [])
+    row.hours_unit = "GPU-h" if uses_gpus else "CPU-h"
+    if sacct is None or tries is None:
+        return row
+    row.requeues = sum(max(len(sacct.get(job, [])) - 1, 0) for job in run.jobs)
+    if uses_gpus:
+        # Accounting without gres/gpu in AccountingStorageTRES reports no GPUs: fall back to the allocation asked for.
+        asked = (cluster.get("nodes") or 1) * (gpus_per_node or 0)
+        row.gpu_hours = sum(a.elapsed_s / 3600 * (a.gpus or asked) for a in tries)
+        price = cluster.get("price_per_gpu_hour")
+        row.cost = row.gpu_hours * price if isinstance(price, int | float) else None
+    else:
+        row.cpu_hours = sum(a.elapsed_s / 3600 * a.cpus for a in tries)
+    return row
+
+
+def collect(target: Target) -> list[Row]:
+    sacct = accounting.attempts(merge_jobs(*(run.jobs for run in target.runs)))
+    return [run_row(run, sacct) for run in target.runs]
+
+
+def _sum(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def total(rows: list[Row]) -> dict[str, Any]:
+    return {
+        "runs": len(rows),
+        "states": dict(Counter(row.state for row in rows)),
+        "requeues": _sum([row.requeues for row in rows]),
+        "gpu_hours": _sum([row.gpu_hours for row in rows]),
+        "cpu_hours": _sum([row.cpu_hours for row in rows]),
+        "cost": _sum([row.cost for row in rows]),
+    }
+
+
+# ---- output ----
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    hour_units = [(unit, key) for unit, key in (("GPU-h", "gpu_hours"), ("CPU-h", "cpu_hours"))
+                  if any(row.hours_unit == unit for row in rows)] or [("GPU-h", "gpu_hours")]
+    show_cost = any(row.cost is not None for row in rows)
+    out = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                padding=(0, 1, 0, 0))
+    out.add_column("run", min_width=8)
+    for header in ("job", "state", "step", "ckpt", "requeues", "loss", "tokens/s"):
+        out.add_column(header, justify="left" if header in ("job", "state") else "right", no_wrap=True)
+    for unit, _ in hour_units:
+        out.add_column(unit, justify="right", no_wrap=True)
+    if show_cost:
+        out.add_column("cost", justify="right", no_wrap=True)
+    for row in rows:
+        step = "-" if row.step is None else f"{row.step}/{row.max_steps if row.max_steps is not None else '?'}"
+        cells = [row.name, row.job, row.state, step, _fmt(row.checkpoint_step, "d"), _fmt(row.requeues, "d"),
+                 _fmt(row.loss, ".4f"), _fmt(row.tokens_per_s, ",.0f")]
+        cells += [_fmt(getattr(row, key), ".2f") for _, key in hour_units]
+        out.add_row(*cells, *([_fmt(row.cost, ",.2f")] if show_cost else []))
+    if summary is not None:
+        states = ", ".join(f"{n} {state}" for state, n in sorted(summary["states"].items()))
+        cells = [f"total ({summary['runs']} runs)", "", states, "", "", _fmt(summary["requeues"], ".0f"), "", ""]
+        cells += [_fmt(summary[key], ".2f") for _, key in hour_units]
+        out.add_row(*cells, *([_fmt(summary["cost"], ",.2f")] if show_cost else []), style="bold", end_section=True)
+    return out
+
+
+def snapshot(path: Path, target: Target, clock: bool = False) -> Any:
+    rows = collect(target)
+    title = f"{path.resolve()}  {time.strftime('%X')}" if clock else str(path.resolve())
+    return table(rows, total(rows) if target.sweep is not None else None, title)
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    # Piped into a file or another tool: no terminal width to fit, so don't wrap cells at 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def watch(path: Path, target: Target, every_s: float) -> int:
+    from rich.live import Live
+
+    try:
+        with Live(snapshot(path, target, clock=True), console=console(), auto_refresh=False) as live:
+            while True:
+                time.sleep(every_s)
+                live.update(snapshot(path, find_runs(path), clock=True), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
+    parser.add_argument("dir", nargs="?", default=".", type=Path,
+                        help="a run directory, a sweep directory or a run.root (default: .)")
+    parser.add_argument("--json", action="store_true", help='print {"rows": [...], "total": {...}}')
+    parser.add_argument("--watch", nargs="?", const=WATCH_DEFAULT_S, type=float, metavar="SECONDS",
+                        help=f"refresh every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.json and args.watch is not None:
+            raise ConfigError("--json and --watch do not combine: drop one (loop `--json` yourself to poll)")
+        if args.watch is not None and not args.watch > 0:
+            raise ConfigError(f"--watch {args.watch:g}: give a positive number of seconds")
+        target = find_runs(args.dir)
+        if args.watch is not None:
+            return watch(args.dir, target, args.watch)
+        if args.json:
+            rows = collect(target)
+            print(json.dumps({"rows": [asdict(row) for row in rows], "total": total(rows)}, indent=2))
+            return 0
+        console().print(snapshot(args.dir, target))
+        return 0
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

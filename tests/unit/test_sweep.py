@@ -1,0 +1,56 @@
+"""Sweep logic that needs no cluster: names, swept keys, per-shape arrays in a dry run, refusals before submission."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from launcher.sweep import sweep_name
+from launcher.sweep_run import swept_keys
+from tests.conftest import hq, launch
+
+
+def test_sweep_name_is_stable_under_reordering_and_launcher_options() -> None:
+    a = sweep_name(None, ["optim.lr=1e-4,3e-4", "+cluster=a100x16", "strategy=ddp,fsdp"])
+    b = sweep_name(None, ["strategy=ddp,fsdp", "optim.lr=1e-4,3e-4", "+cluster=a100x16", "launcher.wait=true"])
+    assert a == b and re.fullmatch(r"sweep-[0-9a-f]{8}", a)
+    assert sweep_name(None, ["optim.lr=1e-4,3e-3"]) != sweep_name(None, ["optim.lr=1e-4,3e-4"])
+    assert sweep_name("lr-scan", ["optim.lr=1e-4,3e-4"]) == "lr-scan"
+
+
+def test_swept_keys_are_the_sweep_overrides_only() -> None:
+    assert swept_keys(["optim.lr=1e-4,3e-4", "trainer.max_steps=50", "strategy=ddp,fsdp",
+                       "trainer.seed=range(1,4)", "+cluster=local_slurm"]) == ["optim.lr", "strategy", "trainer.seed"]
+
+
+def test_dry_run_makes_one_array_per_resource_shape_and_writes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "r o"
+    out = launch("-m", "optim.lr=1e-4,3e-4", "cluster.nodes=1,2", "+cluster=a100x16", "launcher.dry_run=true",
+                 f"run.root={hq(root)}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    arrays = re.findall(r"#SBATCH --array=(\S+)", out.stdout)
+    assert arrays == ["0-1%2", "0-1%2"]
+    assert re.findall(r"#SBATCH --nodes=(\d+)", out.stdout) == ["1", "2"]
+    assert "this array would run points 0, 2" in out.stderr and "this array would run points 1, 3" in out.stderr
+    assert "2 array(s), one per resource shape" in out.stderr
+    assert not root.exists() or not any(root.rglob("*.json"))
+    assert not any(root.rglob("config.yaml")) if root.exists() else True
+
+
+def test_points_sharing_a_run_directory_are_refused(tmp_path: Path) -> None:
+    # trainer.max_steps does not change what is trained, so both points would land in one run directory.
+    out = launch("-m", "trainer.max_steps=10,20", "+cluster=a100x16", "launcher.dry_run=true",
+                 f"run.root={hq(tmp_path)}", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "sweep points 0 (trainer.max_steps=10) and 1 (trainer.max_steps=20) would train in the same run " \
+           "directory" in out.stderr
+    assert "give each point its own run.name" in out.stderr
+
+
+def test_invalid_point_is_named_and_nothing_is_created(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    out = launch("-m", "trainer.global_batch_size=16,20,24", "local.nproc=2", f"run.root={hq(root)}", cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: sweep point 1 (trainer.global_batch_size=20): ")
+    assert not root.exists() or list(root.rglob("*")) == []
