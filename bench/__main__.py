@@ -10,6 +10,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = {
     "checkpoint_stall": "bench.checkpoint_stall",
+    "submit_latency": "bench.submit_latency",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import shutil
@@ -19,6 +20,7 @@ from train import ckpt_layout as layout
 PACKAGES = ("slurmtrain", "torch", "hydra-core", "omegaconf", "submitit", "deepspeed", "wandb", "numpy")
 
 
+@functools.cache  # the same for every point of a sweep
 def _versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in PACKAGES:
@@ -29,6 +31,7 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+@functools.cache
 def _git_revision() -> str | None:
     here = Path(__file__).resolve().parent
     try:

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from launcher import rundir, slurm
 from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
@@ -84,14 +86,17 @@ def discard_new_sweep_dir(sweep_dir: Path) -> None:
 
 def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], swept: list[str]) -> PointRun:
     assert launcher.config is not None
-    cfg = launcher.load_point(overrides)
-    sweep_name = Path(str(launcher.config.hydra.sweep.dir)).name
-    with open_dict(cfg):
-        del cfg["hydra"]
-        if not cfg.logger.group:
-            cfg.logger.group = sweep_name  # each point its own wandb run, grouped by the sweep
     point = Point(index=index, overrides=list(filter_overrides(overrides)), run_dir="")
     label = swept_label(point.overrides, swept) or point.label
+    try:
+        cfg = launcher.load_point(overrides)
+    except (HydraException, OmegaConfBaseException) as err:  # a misspelled key, a missing group option
+        message = " ".join(str(err).split())
+        raise ConfigError(f"sweep point {index} ({label}): {message}") from None
+    sweep_name = Path(str(launcher.config.hydra.sweep.dir)).name
+    with open_dict(cfg):
+        if not cfg.logger.group:
+            cfg.logger.group = sweep_name  # each point its own wandb run, grouped by the sweep
     try:
         plan = make_plan(cfg)
     except ConfigError as err:
@@ -161,9 +166,9 @@ def classify(p: PointRun) -> None:
     p.detail = f"resumes from step {resume}" if resume is not None else "starts"
 
 
-def _print_points(points: list[PointRun]) -> None:
+def _print_points(points: list[PointRun], file: Any = None) -> None:
     for p in points:
-        print(f"  point {p.point.index}: {p.label}\n      {p.detail}; run directory {p.run_dir}")
+        print(f"  point {p.point.index}: {p.label}\n      {p.detail}; run directory {p.run_dir}", file=file)
 
 
 # ---- SLURM: one array per resource shape
@@ -181,6 +186,7 @@ def submit_arrays(points: list[PointRun], sweep: Sweep, sweep_dir: Path) -> int:
     first = points[0]
     if first.cfg.launcher.dry_run:
         discard_new_sweep_dir(sweep_dir)
+        _print_points(points, file=sys.stderr)
         return _dry_run(list(shapes.values()), sweep)
     for group in shapes.values():  # SLURM's verdict on every shape before anything is queued
         slurm.preflight(group[0].cfg)

@@ -1,5 +1,6 @@
 """Hydra finds plugins only under the `hydra_plugins` namespace package: this makes `hydra/launcher=slurmtrain`
-available to any Hydra app where slurmtrain is installed. The code lives in launcher/sweep.py."""
+(and the sweeper that goes with it) available to any Hydra app where slurmtrain is installed. The code lives in
+launcher/sweep.py."""
 
 import launcher.sweep as _sweep
 
@@ -7,4 +8,8 @@ _sweep.register_launcher()
 
 
 class SlurmtrainLauncher(_sweep.SweepLauncher):
+    pass
+
+
+class SlurmtrainSweeper(_sweep.SweepSweeper):
     pass

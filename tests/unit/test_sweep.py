@@ -54,3 +54,39 @@ def test_invalid_point_is_named_and_nothing_is_created(tmp_path: Path) -> None:
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: sweep point 1 (trainer.global_batch_size=20): ")
     assert not root.exists() or list(root.rglob("*")) == []
+
+
+def test_each_point_is_the_config_its_own_single_run_command_composes(tmp_path: Path) -> None:
+    """Points share one Hydra composition per config-group choice and get their value overrides applied to a
+    copy: the result must train exactly what the single-run command of that point trains (same run directory,
+    whose name hashes every training setting)."""
+    from launcher.compose import compose_and_plan
+
+    root = tmp_path / "runs"
+    swept = ["strategy=ddp,fsdp", "optim.lr=1e-3,2e-3", "model.n_layers=1,3"]
+    fixed = ["+cluster=a100x16", "trainer.max_steps=7", "data.seq_len=32", f"run.root={root}"]
+    out = launch("-m", *swept, *fixed, "launcher.dry_run=true", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    printed = re.findall(r"point (\d+): (.+)\n\s+starts; run directory (.+)", out.stderr)
+    assert len(printed) == 8
+    names = set()
+    for _, label, run_dir in printed:
+        _, plan = compose_and_plan([*label.split(), *fixed])
+        assert str(plan.run_dir) == run_dir, label
+        names.add(Path(run_dir).name)
+    assert len(names) == 8
+
+
+def test_a_sweep_point_logs_to_its_own_wandb_run_grouped_by_the_sweep(monkeypatch, tmp_path: Path) -> None:
+    import sys
+    import types
+
+    from launcher.compose import compose_config
+    from train.metrics import _init_wandb
+
+    calls: list[dict] = []
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(kw)))
+    cfg = compose_config(["logger.group=sweep-1234abcd", "run.name=p0"])
+    _init_wandb(cfg, tmp_path, "runid1", {})
+    assert calls[0]["group"] == "sweep-1234abcd" and calls[0]["id"] == "runid1" and calls[0]["name"] == "p0"
+    assert calls[0]["resume"] == "allow"

@@ -1,0 +1,89 @@
+"""How long the user waits for a submission, on the local SLURM cluster, as ratios measured in one run.
+
+Each command is timed from start to exit (it exits once the job id is printed: nothing waits for the job), the
+median of several repetitions, and everything it submitted is cancelled at once:
+  - baseline: `python -c "import torch"` (what any torch-importing launcher pays before doing anything);
+  - a single run: `python -m launcher +cluster=local_slurm ...`;
+  - a 4-point sweep (2 x 2) and a 64-point sweep (8 x 8), each submitted as one job array.
+Targets: a single submission at most 0.25x the torch import; a 64-point sweep at most 3x a single submission.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPEATS = 3
+SINGLE_TARGET = 0.25
+SWEEP64_TARGET = 3.0
+COMMON = ["+cluster=local_slurm", "trainer.max_steps=50", "logger.backend=none"]
+
+
+def _timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
+    elapsed = time.perf_counter() - start
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {out.stderr[-1000:]}")
+    return elapsed, out.stdout
+
+
+def _cancel(stdout: str) -> None:
+    ids = re.findall(r"submitted (?:job|array) (\d+)", stdout)
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+
+
+def run() -> dict[str, Any]:
+    if shutil.which("sbatch") is None or subprocess.run(["scontrol", "ping"], capture_output=True).returncode:
+        return {"skipped": "no local SLURM cluster (make slurm-up)", "target_met": True}
+    cases = {
+        "torch_import": lambda i: [sys.executable, "-c", "import torch"],
+        "single": lambda i: [sys.executable, "-m", "launcher", *COMMON, f"run.name=single{i}"],
+        "sweep4": lambda i: [sys.executable, "-m", "launcher", "-m", "optim.lr=1e-3,3e-3", "trainer.seed=1,2",
+                             *COMMON, f"launcher.sweep_name=s4_{i}"],
+        "sweep64": lambda i: [sys.executable, "-m", "launcher", "-m", f"optim.lr=range({i + 1},{i + 9})",
+                              "trainer.seed=range(1,9)", *COMMON, f"launcher.sweep_name=s64_{i}"],
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    with tempfile.TemporaryDirectory(prefix="bench submit ") as tmp:
+        root = Path(tmp)
+        for i in range(REPEATS):
+            for name, make in cases.items():
+                cmd = make(i)
+                if name != "torch_import":
+                    cmd.append(f"run.root={root / name}")
+                elapsed, stdout = _timed(cmd, root)
+                _cancel(stdout)
+                times[name].append(elapsed)
+    median = {name: statistics.median(values) for name, values in times.items()}
+    single_ratio = median["single"] / median["torch_import"]
+    sweep_ratio = median["sweep64"] / median["single"]
+    return {
+        "repeats": REPEATS,
+        "seconds": times,
+        "median_s": median,
+        "single_vs_torch_import": single_ratio,
+        "sweep4_vs_single": median["sweep4"] / median["single"],
+        "sweep64_vs_single": sweep_ratio,
+        "targets": {"single_vs_torch_import": SINGLE_TARGET, "sweep64_vs_single": SWEEP64_TARGET},
+        "target_met": single_ratio <= SINGLE_TARGET and sweep_ratio <= SWEEP64_TARGET,
+        "command": "python -m bench submit_latency",
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    if "skipped" in result:
+        return f"submit latency: skipped ({result['skipped']})"
+    m = result["median_s"]
+    return (f"submit latency (median of {result['repeats']}): import torch {m['torch_import']:.2f} s, single "
+            f"submission {m['single']:.2f} s = {result['single_vs_torch_import']:.2f}x (target <= {SINGLE_TARGET}x), "
+            f"4-point sweep {m['sweep4']:.2f} s = {result['sweep4_vs_single']:.2f}x a single one, 64-point sweep "
+            f"{m['sweep64']:.2f} s = {result['sweep64_vs_single']:.2f}x (target <= {SWEEP64_TARGET}x)")
