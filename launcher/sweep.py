@@ -126,7 +126,7 @@ class SweepLauncher(Launcher):
         assert self.hydra_context is not None and self.config is not None
         parsed = OverridesParser.create().parse_overrides(list(overrides))
         values = [o for o in parsed if _is_value_override(o)]
-        structural = tuple(o.input_line for o in parsed if not _is_value_override(o))
+        structural = tuple(str(o.input_line) for o in parsed if not _is_value_override(o))
         if structural not in self._composed:
             composed = self.hydra_context.config_loader.load_sweep_config(self.config, list(structural))
             with open_dict(composed):
