@@ -29,7 +29,8 @@ CHOICES = {
 }
 # Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
 # with more steps or another log interval resumes in the same directory.
-NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "trainer.max_steps",
+NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile",
+                 "trainer.max_steps",
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every",
                  # Derived from the global batch and the world size: a run may resume on another world size.
                  "trainer.grad_accum_steps")

@@ -168,6 +168,30 @@ class LauncherConfig:
 
 
 @dataclass
+class TelemetryConfig:
+    # Step time per rank, data wait, achieved TFLOP/s and MFU, peak memory, per-node throughput, stragglers.
+    enabled: bool = True
+    # A rank is a straggler when its step time exceeds the median across ranks by this factor ...
+    straggler_factor: float = 1.5
+    # ... for this many log intervals in a row.
+    straggler_intervals: int = 3
+    # Dense peak TFLOP/s of one local device for MFU in local runs (a cluster's comes from cluster.peak_tflops).
+    peak_tflops: float | None = None
+
+
+@dataclass
+class ProfileConfig:
+    # `+profile=default`: torch.profiler on these ranks with a wait / warmup / active schedule (in steps).
+    ranks: list[int] = field(default_factory=lambda: [0])
+    wait: int = 5
+    warmup: int = 2
+    active: int = 3
+    repeat: int = 1
+    # How many of the most expensive operators to print at the end.
+    top_ops: int = 15
+
+
+@dataclass
 class ClusterConfig:
     name: str = MISSING
     nodes: int = 1
@@ -213,7 +237,9 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     cluster: ClusterConfig | None = None
+    profile: ProfileConfig | None = None
 
 
 def register() -> None:
