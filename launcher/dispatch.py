@@ -29,7 +29,7 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
         return submit(cfg, plan, argv=argv)
     from launcher.local import run_local
 
-    config_path = rundir.prepare(cfg, plan.run_dir, argv=argv)
+    config_path = rundir.prepare(cfg, plan.run_dir, argv=argv, plan=plan)
     if plan.mode == "prepare":
         print(config_path)
         return 0

@@ -6,6 +6,7 @@ what one token costs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -24,3 +25,163 @@ def flops_per_token(m: Any, seq_len: int) -> float:
     """Training FLOPs per token (forward and backward): 6 per matmul parameter, plus attention's scores and
     weighted values, 12 x layers x d_model x sequence length (PaLM, appendix B)."""
     return 6.0 * matmul_params(m) + 12.0 * m.n_layers * m.d_model * seq_len
+
+
+GB = 1024**3
+# AdamW keeps two fp32 moments per parameter.
+ADAM_BYTES = 8
+FP32 = 4
+
+
+def dtype_bytes(precision_name: str) -> int:
+    return 2 if precision_name in ("bf16", "fp16") else 4
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU (per rank), by what holds them; `host` is what offloading keeps in CPU memory instead."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    temporary: float
+    margin: float
+    host: float = 0.0
+
+    @property
+    def states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.states + self.activations + self.temporary + self.margin
+
+    def as_gb(self) -> dict[str, float]:
+        names = ("params", "grads", "optimizer", "activations", "temporary", "margin", "total", "host")
+        return {name: round(getattr(self, name) / GB, 3) for name in names}
+
+    def breakdown(self) -> str:
+        g = self.as_gb()
+        text = (f"params {g['params']:.2f} + grads {g['grads']:.2f} + optimizer {g['optimizer']:.2f} + activations "
+                f"{g['activations']:.2f} + temporary {g['temporary']:.2f} + margin {g['margin']:.2f} = "
+                f"{g['total']:.2f} GB")
+        return text + (f" (+ {g['host']:.2f} GB in host memory)" if self.host else "")
+
+
+def block_params(m: Any) -> int:
+    d = m.d_model
+    head_dim = d // m.n_heads
+    kv = (m.n_kv_heads or m.n_heads) * head_dim
+    norm = d if m.norm == "rmsnorm" else 2 * d
+    return 2 * d * d + 2 * kv * d + d * m.ffn_hidden * (3 if m.mlp == "swiglu" else 2) + 2 * norm
+
+
+def root_params(m: Any, n_params: int) -> int:
+    """Parameters outside the transformer blocks: embeddings, final norm, output layer."""
+    return n_params - m.n_layers * block_params(m)
+
+
+def block_activation_bytes(m: Any, compute_bytes: int) -> float:
+    """Bytes one block saves for backward, per token: the tensors autograd keeps (counted op by op for our model).
+    The residual stream and the norms' statistics stay fp32; projections, attention and the MLP run in the
+    compute dtype."""
+    d, f, heads = m.d_model, m.ffn_hidden, m.n_heads
+    kv = (m.n_kv_heads or m.n_heads) * (d // heads)
+    stats = 1 if m.norm == "rmsnorm" else 2
+    fp32 = 2 * (d + stats)  # each norm's input (the residual stream) and its statistics
+    compute = 2 * d  # each norm's output, the input of the projections that follow
+    compute += d + 2 * kv  # q and kv projections
+    if m.position == "rope":
+        compute += d + kv  # rotated q and k
+    if kv != d:
+        compute += 2 * d  # k and v repeated to every query head
+    compute += d + d  # attention output and its re-laid-out copy (the input of the output projection)
+    fp32 += heads  # attention's log-sum-exp
+    compute += 4 * f if m.mlp == "swiglu" else 2 * f  # up projection, then silu and product (or gelu)
+    if compute_bytes != FP32:
+        compute += 2 * d  # autocast's copies of the norms' outputs for the projections
+    return FP32 * fp32 + compute_bytes * compute
+
+
+def head_activation_bytes(m: Any) -> float:
+    """Per token outside the blocks: the final norm and the fp32 log-softmax over the vocabulary."""
+    stats = 1 if m.norm == "rmsnorm" else 2
+    return FP32 * (2 * m.d_model + stats + m.vocab_size)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the states are spread: bytes per parameter held on each rank, and what is gathered on the fly."""
+
+    weight_bytes: int
+    grad_bytes: int
+    master_bytes: int
+    shard: int
+    kind: str  # replicated | zero1 | zero2 | zero3 | fsdp | fsdp_grad_op
+
+
+def layout(cfg: Any, world: int, nodes: int) -> Layout:
+    s, precision = cfg.strategy, cfg.precision.name
+    if s.backend == "deepspeed":
+        w = dtype_bytes(precision)
+        # ZeRO keeps an fp32 copy of its partition of the weights beside the optimizer state.
+        return Layout(w, w, FP32, world, f"zero{s.zero_stage}")
+    if s.name in ("fsdp", "fsdp_grad_op", "hsdp"):
+        shard = world
+        if s.name == "hsdp":
+            shard = world // (s.replicate_degree or max(1, nodes))
+        kind = "fsdp" if s.reshard_after_forward else "fsdp_grad_op"
+        return Layout(FP32, FP32, 0, max(1, shard), kind)
+    # single, ddp: fp32 weights (autocast casts on the fly) and fp32 gradients on every rank.
+    return Layout(FP32, FP32, 0, 1, "replicated")
+
+
+def estimate_memory(cfg: Any, world: int, nodes: int, n_params: int, margin_bytes: float,
+                    fragmentation: float) -> MemoryEstimate:
+    m, s = cfg.model, cfg.strategy
+    lay = layout(cfg, world, nodes)
+    p, n = float(n_params), lay.shard
+    block, root = block_params(m), root_params(m, n_params)
+    compute_bytes = dtype_bytes(cfg.precision.name)
+    optim = (ADAM_BYTES + lay.master_bytes) * p
+    host = 0.0
+    if lay.kind == "replicated":
+        params, grads, optimizer = lay.weight_bytes * p, lay.grad_bytes * p, optim
+        temporary = 0.0 if s.gradient_as_bucket_view else lay.grad_bytes * p  # DDP's buckets beside the grads
+    elif lay.kind == "zero1":
+        params, grads, optimizer = lay.weight_bytes * p, lay.grad_bytes * p, optim / n
+        temporary = 2 * lay.grad_bytes * m.d_model**2  # reduce buckets
+    elif lay.kind == "zero2":
+        params, grads, optimizer = lay.weight_bytes * p, lay.grad_bytes * p / n, optim / n
+        temporary = 2 * lay.grad_bytes * m.d_model**2
+    elif lay.kind == "zero3":
+        params, grads, optimizer = lay.weight_bytes * p / n, lay.grad_bytes * p / n, optim / n
+        # The module being computed (a block, or the embedding / output layer) gathered whole, and the next one
+        # prefetched; one block's full gradients before they are reduce-scattered.
+        largest = max(block, m.vocab_size * m.d_model)
+        temporary = lay.weight_bytes * (largest + block) + lay.grad_bytes * block
+        if s.offload_optimizer or s.offload_params:
+            host = optimizer + (grads if s.offload_optimizer else 0) + (params if s.offload_params else 0)
+            optimizer = 0.0
+            grads = 0.0 if s.offload_optimizer else grads
+            params = 0.0 if s.offload_params else params
+    else:  # fsdp / fsdp_grad_op / hsdp: every state sharded; the root module stays gathered through the step
+        params, grads, optimizer = lay.weight_bytes * p / n, lay.grad_bytes * p / n, optim / n
+        gathered = (2 * block if lay.kind == "fsdp" else m.n_layers * block) + root
+        temporary = lay.weight_bytes * gathered * (1 - 1 / n) + lay.grad_bytes * block
+    tokens = cfg.trainer.micro_batch_size * cfg.data.seq_len
+    per_block = block_activation_bytes(m, compute_bytes)
+    if s.activation_checkpointing:
+        # Each block keeps only its input; backward recomputes one block at a time.
+        activations = tokens * (m.n_layers * FP32 * m.d_model + head_activation_bytes(m))
+        temporary += tokens * per_block
+    else:
+        activations = tokens * (m.n_layers * per_block + head_activation_bytes(m))
+    # The logits (compute dtype), their fp32 copy for the loss and its gradient.
+    temporary += tokens * m.vocab_size * (compute_bytes + 2 * FP32)
+    if compute_bytes != FP32 and s.backend != "deepspeed":
+        temporary += compute_bytes * p / n if lay.kind != "replicated" else compute_bytes * p  # autocast's weight copies
+    subtotal = params + grads + optimizer + activations + temporary
+    return MemoryEstimate(params, grads, optimizer, activations, temporary,
+                          margin_bytes + fragmentation * subtotal, host)

@@ -11,13 +11,16 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from launcher.cluster_checks import validate_cluster
 from launcher.errors import ConfigError
+from launcher.estimate import GB
+from launcher.fit import Budget, Fit, budget, check_fit, scaled_lr
 
 CHOICES = {
     "model.position": ("rope", "learned"),
@@ -33,7 +36,7 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  "trainer.max_steps",
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every",
                  # Derived from the global batch and the world size: a run may resume on another world size.
-                 "trainer.grad_accum_steps")
+                 "trainer.grad_accum_steps", "optim.scaled_lr")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,12 @@ class Plan:
     gpus: int = 0
     time_limit_h: float = 0.0
     price_per_gpu_hour: float | None = None
+    # The launch plan (launcher/fit.py): memory against capacity, strategy choice, learning rate, compute budget.
+    strategy: str = ""
+    fit: Fit | None = None
+    lr: float = 0.0
+    lr_note: str = ""
+    budget: Budget | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -69,12 +78,39 @@ class Plan:
         return self.global_batch_size * self.seq_len
 
     def summary(self) -> str:
-        return (
+        lines = [
             f"plan: {self.mode}, world size {self.world_size}, effective batch {self.global_batch_size} "
             f"(micro {self.micro_batch_size} x accumulation {self.grad_accum_steps} x data-parallel "
             f"{self.world_size}) = {self.tokens_per_step} tokens/step, model {self.n_params / 1e6:.1f}M "
             f"parameters, run directory {self.run_dir}{self.cost_line()}"
-        )
+        ]
+        if self.fit is not None:
+            reasons = "; ".join(self.fit.strategy_reasons)
+            lines.append(f"  strategy {self.strategy}" + (f" (auto: {reasons})" if reasons else ""))
+            lines.append(f"  {self.fit.line()}")
+        if self.lr:
+            lines.append(f"  learning rate {self.lr:.4g}{self.lr_note}")
+        if self.budget is not None:
+            lines.append(f"  {self.budget.line()}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """RUN_DIR/plan.json: what the launcher decided and estimated, for scripts and for later comparison."""
+        out: dict[str, Any] = {
+            "mode": self.mode, "world_size": self.world_size, "micro_batch_size": self.micro_batch_size,
+            "grad_accum_steps": self.grad_accum_steps, "global_batch_size": self.global_batch_size,
+            "tokens_per_step": self.tokens_per_step, "n_params": self.n_params, "strategy": self.strategy,
+            "lr": self.lr, "gpus": self.gpus, "gpu_hours_reserved_per_attempt": self.gpu_hours,
+        }
+        if self.fit is not None:
+            out["memory_gb"] = self.fit.estimate.as_gb()
+            out["capacity_gb"] = None if self.fit.capacity.bytes is None else round(self.fit.capacity.bytes / GB, 3)
+            out["capacity"] = self.fit.capacity.what
+            out["fits"] = self.fit.fits
+            out["strategy_reasons"] = self.fit.strategy_reasons
+        if self.budget is not None:
+            out["budget"] = asdict(self.budget)
+        return out
 
 
 def local_gpu_count() -> int:
@@ -241,18 +277,25 @@ def make_plan(cfg: DictConfig) -> Plan:
     """Validate cfg and fill in the derived values in place (world size, accumulation, run name)."""
     _check_choices(cfg)
     if cfg.cluster is not None:
-        from launcher.slurm import validate_cluster
-
         validate_cluster(cfg)
     world = world_size(cfg)
     _check_ranges(cfg, world)
     _check_model(cfg)
     _check_data(cfg)
+    if cfg.strategy.name != "auto":
+        _check_strategy(cfg, world)
+    n_params = count_parameters(cfg.model)
+    nodes = int(cfg.cluster.nodes) if cfg.cluster is not None else 1
+    local_gpus = local_gpu_count() if cfg.cluster is None else 0
+    fit = check_fit(cfg, world, nodes, n_params, local_gpus, refuse=not cfg.launcher.prepare_only)
     _check_strategy(cfg, world)
     accum = _resolve_accumulation(cfg, world)
+    global_batch = cfg.trainer.micro_batch_size * accum * world
+    lr = scaled_lr(cfg, global_batch)
     with open_dict(cfg):
         cfg.trainer.grad_accum_steps = accum
-        cfg.trainer.global_batch_size = cfg.trainer.micro_batch_size * accum * world
+        cfg.trainer.global_batch_size = global_batch
+        cfg.optim.scaled_lr = lr
         if cfg.cluster is None:
             cfg.local.nproc = world
         if not cfg.run.name:
@@ -266,10 +309,24 @@ def make_plan(cfg: DictConfig) -> Plan:
         grad_accum_steps=accum,
         global_batch_size=cfg.trainer.global_batch_size,
         seq_len=cfg.data.seq_len,
-        n_params=count_parameters(cfg.model),
+        n_params=n_params,
         run_dir=Path(cfg.run.root).expanduser().resolve() / cfg.run.name,
+        strategy=cfg.strategy.name,
+        fit=fit,
+        lr=lr,
+        lr_note=_lr_note(cfg, global_batch),
+        budget=budget(cfg, world, global_batch * cfg.data.seq_len, int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node)
+                      if cfg.cluster is not None else local_gpus),
         **_reservation(cfg),
     )
+
+
+def _lr_note(cfg: DictConfig, global_batch: int) -> str:
+    o = cfg.optim
+    if o.lr_scaling == "none":
+        return " (optim.lr, no scaling)"
+    return (f" (optim.lr={o.lr:g} x {o.lr_scaling} scaling for global batch {global_batch} against "
+            f"optim.reference_batch_size={o.reference_batch_size})")
 
 
 def _reservation(cfg: DictConfig) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.plan import derived_run_name
+from launcher.plan import Plan, derived_run_name
 from train import ckpt_layout as layout
 
 PACKAGES = ("slurmtrain", "torch", "hydra-core", "omegaconf", "submitit", "deepspeed", "wandb", "numpy")
@@ -85,7 +85,11 @@ def clear_for_overwrite(run_dir: Path) -> None:
             path.unlink()
 
 
-def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None) -> Path:
+def write_plan(run_dir: Path, plan: Plan) -> None:
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+
+
+def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None, plan: Plan | None = None) -> Path:
     if cfg.run.overwrite:
         clear_for_overwrite(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -102,4 +106,6 @@ def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None) -> Pa
         f.write(command + "\n")
     info = {"python": sys.version.split()[0], "packages": _versions(), "git_revision": _git_revision()}
     (run_dir / "environment.json").write_text(json.dumps(info, indent=2) + "\n")
+    if plan is not None:
+        write_plan(run_dir, plan)
     return config_path

@@ -61,6 +61,11 @@ class OptimConfig:
     eps: float = 1e-8
     warmup_steps: int = 5
     grad_clip: float = 1.0
+    # Scale optim.lr with the effective batch: none, linear or sqrt of (global batch / reference_batch_size).
+    lr_scaling: str = "none"
+    reference_batch_size: int | None = None
+    # Derived by the launch plan (optim.lr after lr_scaling); training uses it. Not set by hand.
+    scaled_lr: float | None = None
 
 
 @dataclass
@@ -165,6 +170,12 @@ class LauncherConfig:
     # `-m` sweeps: the sweep's name (its directory under run.root/sweeps/ and the wandb group); None: derived
     # from the sweep's overrides, so the same sweep command finds the same sweep again (and resumes it).
     sweep_name: str | None = None
+    # Run even if the memory estimate says the job does not fit.
+    force: bool = False
+    # Added to the estimate per rank: the CUDA context and allocator (or the Python runtime on CPU) ...
+    memory_margin_gb: float = 1.0
+    # ... plus this fraction of the estimate for fragmentation.
+    memory_fragmentation: float = 0.1
 
 
 @dataclass
@@ -221,6 +232,8 @@ class ClusterConfig:
     # `-m` sweeps: at most this many array tasks run at once (sbatch --array=0-N%THIS).
     array_parallelism: int = 256
     price_per_gpu_hour: float | None = None
+    # Model FLOPs utilisation assumed for the plan's step time, wall time and GPU-hours.
+    assumed_mfu: float = 0.4
     extra_sbatch: dict[str, Any] = field(default_factory=dict)
 
 

@@ -6,10 +6,8 @@ would be killed by the preemption signal before the ranks could checkpoint.
 
 from __future__ import annotations
 
-import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,46 +20,9 @@ from launcher import rundir
 from launcher.errors import ConfigError
 from launcher.plan import Plan, tasks_per_node
 
-# Environment variable names that must never be written into an sbatch script or a config dump.
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED")
-# Signals a rank cannot catch, or that would not mean "checkpoint now".
-UNUSABLE_SIGNALS = {"KILL", "STOP", "CONT", "CHLD", "PIPE", "SEGV"}
 POLL_S = 2.0
-
-
-def validate_cluster(cfg: DictConfig) -> None:
-    c = cfg.cluster
-    if c.launch != "srun":
-        raise ConfigError(
-            f"cluster.launch={c.launch}: under SLURM the preemption signal ({c.signal}) would kill torchrun's agent "
-            "before the ranks could checkpoint; use cluster.launch=srun (one srun task per GPU)"
-        )
-    if c.time_limit_min * 60 <= c.signal_lead_s:
-        raise ConfigError(
-            f"cluster.time_limit_min={c.time_limit_min} is not longer than the {c.signal_lead_s} s signal lead "
-            f"time: raise cluster.time_limit_min above {c.signal_lead_s // 60 + 1} or lower cluster.signal_lead_s"
-        )
-    if c.nodes < 1:
-        raise ConfigError(f"cluster.nodes={c.nodes} must be at least 1")
-    if c.backend == "nccl" and c.gpus_per_node < 1:
-        raise ConfigError("cluster.backend=nccl needs GPUs: set cluster.gpus_per_node or cluster.backend=gloo")
-    name = str(c.signal).upper().removeprefix("SIG")
-    if f"SIG{name}" not in signal.Signals.__members__ or name in UNUSABLE_SIGNALS:
-        raise ConfigError(f"cluster.signal={c.signal} is not a signal the ranks can catch: use USR1")
-    if not 0 < c.signal_lead_s <= 65535:
-        raise ConfigError(f"cluster.signal_lead_s={c.signal_lead_s} must be between 1 and 65535 seconds")
-    secrets = [k for k in c.env if SECRET_NAME.search(k)]
-    secrets += [line for line in c.setup if re.search(r"\b\w*(KEY|TOKEN|SECRET|PASSW\w*|CREDENTIAL)\w*=", line,
-                                                       re.IGNORECASE)]
-    secrets += [f"{k}={v}" for k, v in c.extra_sbatch.items() if SECRET_NAME.search(f"{k} {v}")]
-    if secrets:
-        raise ConfigError(
-            f"cluster.env/setup/extra_sbatch hold {', '.join(s.split('=')[0] for s in secrets)}: secrets are never "
-            "written into sbatch scripts; "
-            "export them in your shell before submitting (sbatch passes your environment to the job)"
-        )
 
 
 def signal_name(cluster: Any) -> str:
@@ -187,7 +148,7 @@ def submit(cfg: DictConfig, plan: Plan, argv: list[str] | None = None) -> int:
 
     from train.entry import run as train_entry
 
-    config_path = rundir.prepare(cfg, plan.run_dir, argv=argv)
+    config_path = rundir.prepare(cfg, plan.run_dir, argv=argv, plan=plan)
     executor = submitit.SlurmExecutor(folder=slurm_folder(plan.run_dir), max_num_timeout=cfg.cluster.max_requeues)
     executor.update_parameters(**executor_parameters(cfg, plan))
     try:
@@ -222,8 +183,10 @@ def dry_run(cfg: DictConfig, plan: Plan) -> int:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     path = plan.run_dir / "sbatch.dry_run.sh"
     path.write_text(script)
+    rundir.write_plan(plan.run_dir, plan)
     print(script)
-    print(f"dry run: nothing submitted; script written to {path}", file=sys.stderr)
+    print(f"dry run: nothing submitted; script written to {path}, the plan to {plan.run_dir / 'plan.json'}",
+          file=sys.stderr)
     return 0
 
 

@@ -217,7 +217,8 @@ def _submit_array(group: list[PointRun], sweep: Sweep, sweep_dir: Path) -> str:
     from train.entry import run as train_entry
 
     cfg, plan = group[0].cfg, group[0].plan
-    config_paths = [str(rundir.prepare(p.cfg, p.run_dir, argv=["launcher", *p.point.overrides])) for p in group]
+    config_paths = [str(rundir.prepare(p.cfg, p.run_dir, argv=["launcher", *p.point.overrides], plan=p.plan))
+                    for p in group]
     executor = submitit.SlurmExecutor(folder=sweep_dir / "slurm", max_num_timeout=cfg.cluster.max_requeues)
     executor.update_parameters(**slurm.executor_parameters(cfg, plan), array_parallelism=cfg.cluster.array_parallelism)
     executor.update_parameters(job_name=sweep.name)

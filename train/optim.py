@@ -25,10 +25,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def peak_lr(cfg: Any) -> float:
+    """The launch plan's learning rate (optim.lr after optim.lr_scaling); optim.lr where no plan derived it."""
+    return float(cfg.scaled_lr if cfg.get("scaled_lr") is not None else cfg.lr)
+
+
 def build_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay),
-        lr=cfg.lr,
+        lr=peak_lr(cfg),
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
         # foreach kernels are fine on CPU and GPU; fused is CUDA-only on older torch.

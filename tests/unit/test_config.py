@@ -18,7 +18,7 @@ MODELS = ["tiny", "gpt2_124m", "gpt2_350m", "llama3_1b", "llama3_8b", "llama3_70
 
 @pytest.mark.parametrize("model", MODELS)
 def test_every_model_preset_composes_and_validates(model: str) -> None:
-    cfg, plan = compose_and_plan([f"model={model}", "local.nproc=1"])
+    cfg, plan = compose_and_plan([f"model={model}", "local.nproc=1", "launcher.force=true"])
     assert cfg.model.name == model
     assert plan.seq_len == cfg.model.max_seq_len
 

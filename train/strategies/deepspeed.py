@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.optim import build_optimizer, build_scheduler, param_groups
+from train.optim import build_optimizer, build_scheduler, param_groups, peak_lr
 from train.strategies.base import Strategy, prepare_blocks
 
 # DeepSpeed's ZeRO calls torch collectives under their old names (all_gather_into_tensor,
@@ -134,7 +134,7 @@ class DeepSpeedStrategy(Strategy):
         # on first use (about a minute) and cached in ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR).
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        return DeepSpeedCPUAdam(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+        return DeepSpeedCPUAdam(param_groups(model, o.weight_decay), lr=peak_lr(o), betas=(o.beta1, o.beta2), eps=o.eps,
                                 weight_decay=o.weight_decay, adamw_mode=True)
 
     def _check_precision(self) -> None:
@@ -181,3 +181,10 @@ class DeepSpeedStrategy(Strategy):
     def current_lr(self) -> float:
         assert self.basic_optimizer is not None
         return float(self.basic_optimizer.param_groups[0]["lr"])
+
+    def loss_scale(self) -> float | None:
+        """DeepSpeed's dynamic fp16 loss scale, held by its ZeRO optimizer (None unless fp16)."""
+        if self.compute_dtype != torch.float16:
+            return None
+        scale = getattr(self.engine.optimizer, "loss_scale", None)
+        return None if scale is None else float(scale)

@@ -1,0 +1,48 @@
+"""Checks of a cluster config that need no cluster: launch method, time limit, signal, secrets."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from omegaconf import DictConfig
+
+from launcher.errors import ConfigError
+
+# Environment variable names that must never be written into an sbatch script or a config dump.
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+# Signals a rank cannot catch, or that would not mean "checkpoint now".
+UNUSABLE_SIGNALS = {"KILL", "STOP", "CONT", "CHLD", "PIPE", "SEGV"}
+
+
+def validate_cluster(cfg: DictConfig) -> None:
+    c = cfg.cluster
+    if c.launch != "srun":
+        raise ConfigError(
+            f"cluster.launch={c.launch}: under SLURM the preemption signal ({c.signal}) would kill torchrun's agent "
+            "before the ranks could checkpoint; use cluster.launch=srun (one srun task per GPU)"
+        )
+    if c.time_limit_min * 60 <= c.signal_lead_s:
+        raise ConfigError(
+            f"cluster.time_limit_min={c.time_limit_min} is not longer than the {c.signal_lead_s} s signal lead "
+            f"time: raise cluster.time_limit_min above {c.signal_lead_s // 60 + 1} or lower cluster.signal_lead_s"
+        )
+    if c.nodes < 1:
+        raise ConfigError(f"cluster.nodes={c.nodes} must be at least 1")
+    if c.backend == "nccl" and c.gpus_per_node < 1:
+        raise ConfigError("cluster.backend=nccl needs GPUs: set cluster.gpus_per_node or cluster.backend=gloo")
+    name = str(c.signal).upper().removeprefix("SIG")
+    if f"SIG{name}" not in signal.Signals.__members__ or name in UNUSABLE_SIGNALS:
+        raise ConfigError(f"cluster.signal={c.signal} is not a signal the ranks can catch: use USR1")
+    if not 0 < c.signal_lead_s <= 65535:
+        raise ConfigError(f"cluster.signal_lead_s={c.signal_lead_s} must be between 1 and 65535 seconds")
+    secrets = [k for k in c.env if SECRET_NAME.search(k)]
+    secrets += [line for line in c.setup if re.search(r"\b\w*(KEY|TOKEN|SECRET|PASSW\w*|CREDENTIAL)\w*=", line,
+                                                       re.IGNORECASE)]
+    secrets += [f"{k}={v}" for k, v in c.extra_sbatch.items() if SECRET_NAME.search(f"{k} {v}")]
+    if secrets:
+        raise ConfigError(
+            f"cluster.env/setup/extra_sbatch hold {', '.join(s.split('=')[0] for s in secrets)}: secrets are never "
+            "written into sbatch scripts; "
+            "export them in your shell before submitting (sbatch passes your environment to the job)"
+        )

@@ -1,0 +1,130 @@
+"""The launch plan's memory estimate, fit check, strategy=auto and LR scaling (launcher/estimate.py, fit.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from launcher.compose import compose_config
+from launcher.estimate import FP32, block_activation_bytes, estimate_memory, head_activation_bytes
+from launcher.plan import count_parameters
+from tests.conftest import hq, launch
+
+SEVEN_B = ["model=llama3_8b", "model.vocab_size=32000", "model.n_kv_heads=null", "model.ffn_hidden=11008",
+           "+cluster=a100x16"]
+
+
+def _states_per_param(strategy: str, precision: str, world: int) -> float:
+    cfg = compose_config([*SEVEN_B, f"strategy={strategy}", f"precision={precision}"])
+    n = count_parameters(cfg.model)
+    est = estimate_memory(cfg, world, 2, n, margin_bytes=0, fragmentation=0)
+    return est.states / n
+
+
+@pytest.mark.parametrize("world", [8, 16, 64])
+def test_mixed_precision_adam_bytes_per_parameter_match_the_zero_paper(world: int) -> None:
+    n = world
+    assert 6.0e9 < count_parameters(compose_config(SEVEN_B).model) < 7.5e9
+    assert _states_per_param("ddp", "bf16", n) == pytest.approx(16)
+    assert _states_per_param("zero1", "bf16", n) == pytest.approx(4 + 12 / n)
+    assert _states_per_param("zero2", "bf16", n) == pytest.approx(2 + 14 / n)
+    assert _states_per_param("zero3", "bf16", n) == pytest.approx(16 / n)
+    assert _states_per_param("fsdp", "bf16", n) == pytest.approx(16 / n)  # fp32 weights and grads, sharded
+
+
+def _saved_activation_bytes(overrides: list[str]) -> tuple[int, float]:
+    """Bytes autograd saves for backward in one forward (parameters excluded), and the estimate."""
+    from train.model import build_model
+    from train.strategies.base import prepare_blocks
+
+    cfg = compose_config(overrides)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    prepare_blocks(model, cfg.strategy)
+    owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in owned:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    b, t = cfg.trainer.micro_batch_size, cfg.data.seq_len
+    x = torch.randint(0, cfg.model.vocab_size, (b, t))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.cross_entropy(model(x).float().flatten(0, 1), x.flatten())
+    m = cfg.model
+    per_layer = FP32 * m.d_model if cfg.strategy.activation_checkpointing else block_activation_bytes(m, FP32)
+    return sum(saved.values()), b * t * (m.n_layers * per_layer + head_activation_bytes(m))
+
+
+@pytest.mark.parametrize("ac", [False, True])
+@pytest.mark.parametrize("model", [
+    ["model=tiny"],
+    ["model=gpt2_124m", "model.n_layers=2", "data.seq_len=128"],
+    ["model=llama3_1b", "model.n_layers=2", "model.d_model=256", "model.n_heads=8", "model.n_kv_heads=2",
+     "model.ffn_hidden=512", "model.vocab_size=1000", "data.seq_len=128"],
+])
+def test_activation_estimate_is_within_15_percent_of_what_autograd_saves(model: list[str], ac: bool) -> None:
+    measured, estimated = _saved_activation_bytes(["trainer.micro_batch_size=4", *model,
+                                                   f"strategy.activation_checkpointing={str(ac).lower()}"])
+    assert measured > 0
+    assert abs(estimated - measured) / measured <= 0.15, (measured, estimated)
+
+
+def test_70b_with_ddp_is_refused_naming_what_fits(tmp_path: Path) -> None:
+    out = launch("+cluster=a100x16", "model=llama3_70b", "strategy=ddp", "launcher.dry_run=true",
+                 f"run.root={hq(tmp_path)}")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: model=llama3_70b with strategy=ddp does not fit: ")
+    assert "use strategy=" in lines[0] and "launcher.force=true" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+    # The change it names does fit.
+    fix = lines[0].split("use ")[1].split(" (")[0].split()
+    ok = launch("+cluster=a100x16", "model=llama3_70b", *fix, "launcher.dry_run=true", f"run.root={hq(tmp_path)}")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_auto_picks_a_strategy_that_fits_and_says_why(tmp_path: Path) -> None:
+    out = launch("+cluster=a100x16", "model=llama3_70b", "strategy=auto", "launcher.dry_run=true",
+                 f"run.root={hq(tmp_path)}")
+    assert out.returncode == 0, out.stderr
+    assert "ddp: " in out.stderr and "> 80.0 GB" in out.stderr and "picked " in out.stderr
+    plan = json.loads(next(tmp_path.rglob("plan.json")).read_text())
+    assert plan["fits"] and plan["strategy"] != "ddp"
+    assert plan["memory_gb"]["total"] <= plan["capacity_gb"] == 80.0
+    small = launch("+cluster=a100x16", "model=gpt2_124m", "strategy=auto", "launcher.dry_run=true",
+                   f"run.root={hq(tmp_path)}")
+    assert small.returncode == 0 and "strategy ddp (auto: picked ddp" in small.stderr
+
+
+def test_one_gpu_auto_is_never_distributed(tmp_path: Path) -> None:
+    out = launch("+cluster=a100x16", "cluster.nodes=1", "cluster.gpus_per_node=1", "model=gpt2_124m",
+                 "strategy=auto", "launcher.dry_run=true", f"run.root={hq(tmp_path)}")
+    assert out.returncode == 0, out.stderr
+    assert "strategy single (auto: picked single" in out.stderr
+
+
+def test_8b_locally_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
+    out = launch("model=llama3_8b", "local.nproc=2", f"run.root={hq(tmp_path)}")
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: model=llama3_8b with strategy=ddp does not fit: ")
+    assert "this host's available memory" in out.stderr and "launcher: started" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lr_scaling_needs_a_reference_batch() -> None:
+    from launcher.compose import compose_and_plan
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="optim.reference_batch_size"):
+        compose_and_plan(["optim.lr_scaling=linear"])
+    _, plan = compose_and_plan(["optim.lr_scaling=sqrt", "optim.reference_batch_size=4", "optim.lr=1e-3",
+                                "trainer.global_batch_size=16", "local.nproc=2"])
+    assert plan.lr == pytest.approx(2e-3)
