@@ -11,6 +11,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BENCHMARKS = {
     "checkpoint_stall": "bench.checkpoint_stall",
     "submit_latency": "bench.submit_latency",
+    "memory_estimate": "bench.memory_estimate",
+    "telemetry_overhead": "bench.telemetry_overhead",
 }
 
 
