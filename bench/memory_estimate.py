@@ -35,6 +35,8 @@ def run() -> dict[str, Any]:
     env = distributed.detect()
     distributed.init_process_group(env, "nccl")
     device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    torch.zeros(1, device=device)  # initialise the allocator before reading its statistics
     rows = []
     try:
         for model_name, precision, ac in CASES:
