@@ -29,6 +29,9 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
         return submit(cfg, plan, argv=argv)
     from launcher.local import run_local
 
+    if plan.mode == "local" and cfg.launcher.dry_run:
+        print("dry run: nothing run (the plan above is what this command would do)", file=sys.stderr)
+        return 0
     config_path = rundir.prepare(cfg, plan.run_dir, argv=argv, plan=plan)
     if plan.mode == "prepare":
         print(config_path)

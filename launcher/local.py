@@ -83,7 +83,7 @@ class WorkerGroup:
 
     def start(self) -> None:
         port = free_port()
-        cmd = [sys.executable, "-m", "train.entry", "--config", str(self.config_path)]
+        cmd = [sys.executable, "-m", "launcher.worker", "--config", str(self.config_path)]
         for rank in range(self.nproc):
             log_path = self.run_dir / "logs" / f"rank_{rank}.log"
             self.log_paths.append(log_path)

@@ -165,7 +165,7 @@ class LauncherConfig:
     # Follow a submitted job until it ends and exit with its result.
     wait: bool = False
     # Inside an sbatch allocation (sbatch/*.sbatch): write the run directory for SLURM_NTASKS ranks, print the
-    # config path and exit; the script then runs `srun python -m train.entry --config PATH`.
+    # config path and exit; the script then runs `srun python -m launcher.worker --config PATH`.
     prepare_only: bool = False
     # `-m` sweeps: the sweep's name (its directory under run.root/sweeps/ and the wandb group); None: derived
     # from the sweep's overrides, so the same sweep command finds the same sweep again (and resumes it).

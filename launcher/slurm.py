@@ -83,13 +83,20 @@ def slurm_folder(run_dir: Path) -> Path:
     return run_dir / "slurm"
 
 
-def render_sbatch(cfg: DictConfig, plan: Plan) -> str:
-    """The exact script submitit submits, rendered without a cluster (dry runs, login nodes without srun)."""
+def render_sbatch(cfg: DictConfig, plan: Plan, folder: Path | None = None, job_name: str | None = None,
+                  array_size: int | None = None) -> str:
+    """The exact script submitit submits, rendered without a cluster (dry runs, login nodes without srun); a sweep
+    passes its own folder, job name and array size."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    folder = slurm_folder(plan.run_dir)
+    folder = folder or slurm_folder(plan.run_dir)
     command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
-    return _make_sbatch_string(command=command, folder=folder, **executor_parameters(cfg, plan))
+    params = executor_parameters(cfg, plan)
+    if job_name:
+        params["job_name"] = job_name
+    if array_size and array_size > 1:
+        params.update(map_count=array_size, array_parallelism=cfg.cluster.array_parallelism)
+    return _make_sbatch_string(command=command, folder=folder, **params)
 
 
 def preflight(cfg: DictConfig) -> None:
@@ -146,7 +153,7 @@ def submit(cfg: DictConfig, plan: Plan, argv: list[str] | None = None) -> int:
     test_submission(render_sbatch(cfg, plan))
     import submitit
 
-    from train.entry import run as train_entry
+    from launcher.worker import run as train_entry
 
     config_path = rundir.prepare(cfg, plan.run_dir, argv=argv, plan=plan)
     executor = submitit.SlurmExecutor(folder=slurm_folder(plan.run_dir), max_num_timeout=cfg.cluster.max_requeues)
@@ -211,7 +218,16 @@ UNKNOWN_POLLS = 30
 
 
 def follow(job_id: str, log_path: Path) -> int:
-    """Stream the rank-0 log until the job ends; exit 0 only if SLURM says COMPLETED."""
+    """Stream the rank-0 log until the job ends; exit 0 only if SLURM says COMPLETED. Ctrl-C stops following."""
+    try:
+        return _follow(job_id, log_path)
+    except KeyboardInterrupt:
+        print(f"\nstopped following; job {job_id} keeps running: squeue -j {job_id}; cancel with scancel {job_id}",
+              file=sys.stderr)
+        return 130
+
+
+def _follow(job_id: str, log_path: Path) -> int:
     offset, unknown = 0, 0
     while True:
         offset = _print_new(log_path, offset)
@@ -228,8 +244,19 @@ def follow(job_id: str, log_path: Path) -> int:
         time.sleep(POLL_S)
 
 
-def follow_tasks(job_ids: list[str]) -> int:
-    """Wait until every job (array task) has ended, printing each state change; 0 only if all COMPLETED."""
+def follow_tasks(job_ids: list[str], status_command: str = "") -> int:
+    """Wait until every job (array task) has ended, printing each state change; 0 only if all COMPLETED.
+    Ctrl-C stops following, not the jobs."""
+    try:
+        return _follow_tasks(job_ids)
+    except KeyboardInterrupt:
+        print(f"\nstopped following; the jobs keep running ({', '.join(job_ids)})"
+              + (f": {status_command}" if status_command else "") + f"; cancel with scancel {' '.join(job_ids)}",
+              file=sys.stderr)
+        return 130
+
+
+def _follow_tasks(job_ids: list[str]) -> int:
     seen: dict[str, str] = {}
     unknown = dict.fromkeys(job_ids, 0)
     while True:

@@ -13,6 +13,7 @@ import copy
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,12 @@ class SweepSweeper(Sweeper):
         self.inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
         if OmegaConf.select(config, "hydra.launcher.training", default=False):
             self.inner.validate_batch_is_legal = lambda batch: None  # type: ignore[method-assign]
+            # A training sweep is checked as a whole and submitted as arrays: batches would split both.
+            if self.inner.max_batch_size:
+                print(f"note: hydra.sweeper.max_batch_size={self.inner.max_batch_size} is ignored: a training sweep is "
+                      "checked whole and submitted as one array per resource shape (cluster.array_parallelism "
+                      "limits how many tasks run at once)", file=sys.stderr)
+                self.inner.max_batch_size = None
 
     def sweep(self, arguments: list[str]) -> Any:
         return self.inner.sweep(arguments)

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher import rundir, slurm
 from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
 from launcher.plan import Plan, make_plan
-from launcher.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
+from launcher.sweepdir import Array, Point, Sweep, load_sweep, override_key, save_sweep, swept_label
 from train import ckpt_layout as layout
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ class PointRun:
     label: str  # the swept values, e.g. `optim.lr=1e-4 strategy=fsdp`
     action: str = ""  # finished | live | run (set by classify)
     detail: str = ""
+    live_job: str = ""
 
     @property
     def run_dir(self) -> Path:
@@ -49,6 +50,9 @@ def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[st
     assert launcher.config is not None
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).expanduser().resolve()
     try:
+        name = str(launcher.config.launcher.sweep_name or "")
+        if "/" in name or name in (".", ".."):
+            raise ConfigError(f"launcher.sweep_name={name!r} must be a plain directory name: drop the slashes")
         swept = swept_keys(launcher.config.hydra.overrides.task)
         points = [plan_point(launcher, initial_job_idx + i, overrides, swept)
                   for i, overrides in enumerate(job_overrides)]
@@ -57,7 +61,10 @@ def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[st
         for p in points:
             classify(p)
         if points[0].cfg.cluster is None:
-            save_sweep(sweep_dir, sweep)
+            if points[0].cfg.launcher.dry_run:
+                discard_new_sweep_dir(sweep_dir)
+            else:
+                save_sweep(sweep_dir, sweep)
             code = run_here(points, sweep_dir)
         else:
             code = submit_arrays(points, sweep, sweep_dir)
@@ -77,7 +84,7 @@ def discard_new_sweep_dir(sweep_dir: Path) -> None:
     if (sweep_dir / "sweep.json").exists():
         return
     (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
-    for path in (sweep_dir, sweep_dir.parent):
+    for path in (sweep_dir, sweep_dir.parent, sweep_dir.parent.parent):
         try:
             path.rmdir()
         except OSError:
@@ -117,7 +124,8 @@ def check_points(points: list[PointRun]) -> None:
             raise ConfigError(
                 f"sweep points {other.point.index} ({other.label}) and {p.point.index} ({p.label}) would "
                 f"train in the same run directory {p.run_dir} (the swept keys do not change what is trained): "
-                "sweep a training setting, or give each point its own run.name"
+                "sweep a setting that changes training, or run these points as separate commands with their own run.name "
+                "(or run.root)"
             )
         seen[p.run_dir] = p
 
@@ -155,7 +163,7 @@ def classify(p: PointRun) -> None:
         return
     live = slurm.live_jobs(p.run_dir)
     if live:
-        p.action, p.detail = "live", f"still queued or running as job {live[-1]}: left alone"
+        p.action, p.detail, p.live_job = "live", f"still queued or running as job {live[-1]}: left alone", live[-1]
         return
     try:
         rundir.check_run_dir(p.cfg, p.run_dir, p.plan.world_size)
@@ -164,6 +172,13 @@ def classify(p: PointRun) -> None:
     resume = latest.step if (p.cfg.run.resume and latest is not None) else None
     p.action = "run"
     p.detail = f"resumes from step {resume}" if resume is not None else "starts"
+
+
+def point_command(p: PointRun) -> list[str]:
+    """The single-run command that resumes this point, in its wandb group (command.txt)."""
+    keys = {override_key(o) for o in p.point.overrides}
+    group = [] if "logger.group" in keys else [f"logger.group={p.cfg.logger.group}"]
+    return ["launcher", *p.point.overrides, *group]
 
 
 def _print_points(points: list[PointRun], file: Any = None) -> None:
@@ -187,10 +202,14 @@ def submit_arrays(points: list[PointRun], sweep: Sweep, sweep_dir: Path) -> int:
     if first.cfg.launcher.dry_run:
         discard_new_sweep_dir(sweep_dir)
         _print_points(points, file=sys.stderr)
-        return _dry_run(list(shapes.values()), sweep)
+        return _dry_run(list(shapes.values()), sweep, sweep_dir)
     for group in shapes.values():  # SLURM's verdict on every shape before anything is queued
-        slurm.preflight(group[0].cfg)
-        slurm.test_submission(slurm.render_sbatch(group[0].cfg, group[0].plan))
+        try:
+            slurm.preflight(group[0].cfg)
+            slurm.test_submission(_array_script(group, sweep, sweep_dir))
+        except ConfigError as err:
+            names = ", ".join(f"{p.point.index} ({p.label})" for p in group)
+            raise ConfigError(f"sweep point(s) {names}: {err}") from None
     array_ids = []
     for group in shapes.values():
         array_ids.append(_submit_array(group, sweep, sweep_dir))
@@ -206,19 +225,24 @@ def submit_arrays(points: list[PointRun], sweep: Sweep, sweep_dir: Path) -> int:
     print(f"sweep directory: {sweep_dir}\n"
           f"status:          python -m launcher.status {shlex.quote(str(sweep_dir))}\n"
           f"plots:           python -m launcher.report {shlex.quote(str(sweep_dir))}")
-    if first.cfg.launcher.wait and todo:
-        return slurm.follow_tasks([p.point.jobs[-1] for p in todo])
+    follow = [p.point.jobs[-1] for p in todo] + [p.live_job for p in points if p.action == "live"]
+    if first.cfg.launcher.wait and follow:
+        return slurm.follow_tasks(follow, f"python -m launcher.status {shlex.quote(str(sweep_dir))}")
     return 0
+
+
+def _array_script(group: list[PointRun], sweep: Sweep, sweep_dir: Path) -> str:
+    return slurm.render_sbatch(group[0].cfg, group[0].plan, folder=sweep_dir / "slurm", job_name=sweep.name,
+                               array_size=len(group))
 
 
 def _submit_array(group: list[PointRun], sweep: Sweep, sweep_dir: Path) -> str:
     import submitit
 
-    from train.entry import run as train_entry
+    from launcher.worker import run as train_entry
 
     cfg, plan = group[0].cfg, group[0].plan
-    config_paths = [str(rundir.prepare(p.cfg, p.run_dir, argv=["launcher", *p.point.overrides], plan=p.plan))
-                    for p in group]
+    config_paths = [str(rundir.prepare(p.cfg, p.run_dir, argv=point_command(p), plan=p.plan)) for p in group]
     executor = submitit.SlurmExecutor(folder=sweep_dir / "slurm", max_num_timeout=cfg.cluster.max_requeues)
     executor.update_parameters(**slurm.executor_parameters(cfg, plan), array_parallelism=cfg.cluster.array_parallelism)
     executor.update_parameters(job_name=sweep.name)
@@ -243,13 +267,9 @@ def _submit_array(group: list[PointRun], sweep: Sweep, sweep_dir: Path) -> str:
     return array_id
 
 
-def _dry_run(groups: list[list[PointRun]], sweep: Sweep) -> int:
+def _dry_run(groups: list[list[PointRun]], sweep: Sweep, sweep_dir: Path) -> int:
     for group in groups:
-        cfg, plan = group[0].cfg, group[0].plan
-        script = slurm.render_sbatch(cfg, plan)
-        n = len(group)
-        array = f"#SBATCH --array=0-{n - 1}%{min(n, cfg.cluster.array_parallelism)}"
-        print(script.replace("#SBATCH --job-name", f"{array}\n#SBATCH --job-name", 1))
+        print(_array_script(group, sweep, sweep_dir))
         print(f"dry run: this array would run points {', '.join(str(p.point.index) for p in group)}",
               file=sys.stderr)
     print(f"dry run: nothing submitted for sweep {sweep.name} ({len(groups)} array(s), one per resource shape)",
@@ -261,13 +281,18 @@ def _dry_run(groups: list[list[PointRun]], sweep: Sweep) -> int:
 def run_here(points: list[PointRun], sweep_dir: Path) -> int:
     from launcher.dispatch import dispatch
 
+    if points[0].cfg.launcher.dry_run:
+        for p in points:
+            print(f"sweep point {p.point.index} ({p.label}): {p.detail}\n{p.plan.summary()}", file=sys.stderr)
+        print(f"dry run: nothing run for sweep {sweep_dir.name}", file=sys.stderr)
+        return 0
     codes: dict[int, int | None] = {}
     for p in points:
         if p.action != "run":
             print(f"sweep point {p.point.index} ({p.label}): {p.detail}", file=sys.stderr)
             continue
         print(f"sweep point {p.point.index} ({p.label}): {p.detail}", file=sys.stderr)
-        codes[p.point.index] = dispatch(p.cfg, argv=["launcher", *p.point.overrides])
+        codes[p.point.index] = dispatch(p.cfg, argv=point_command(p))
         if codes[p.point.index] == EXIT_STOPPED:
             break  # Ctrl-C or a stop signal: stop the sweep; the same command resumes it
     _summary(points, codes, sweep_dir)
@@ -301,7 +326,9 @@ def _summary(points: list[PointRun], codes: dict[int, int | None], sweep_dir: Pa
                   EXIT_STOPPED: "stopped (resumable)"}.get(code, f"failed (exit {code})")
         row = _last_row(p.run_dir)
         loss = f"{row['loss']:.4f}" if "loss" in row else "-"
-        table.add_row(str(p.point.index), p.label, result,
-                      f"{row.get('step', 0)}/{p.cfg.trainer.max_steps}", loss, str(p.run_dir))
+        latest = layout.latest_complete_checkpoint(p.run_dir)
+        step = max(int(row.get("step", 0)), latest.step if latest else 0)  # a stop saves past the last logged step
+        table.add_row(str(p.point.index), p.label, result, f"{step}/{p.cfg.trainer.max_steps}", loss,
+                      str(p.run_dir))
     Console(stderr=True, width=200).print(table)
     print(f"sweep directory: {sweep_dir}", file=sys.stderr)

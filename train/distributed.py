@@ -92,6 +92,11 @@ def device_for(env: DistEnv, backend: str) -> torch.device:
 
 
 def init_process_group(env: DistEnv, backend: str, timeout_s: int = 600) -> None:
+    # torch's own helpers (init_device_mesh for FSDP, even on one rank) read these; SLURM and local modes do not
+    # set all of them.
+    for key, value in (("RANK", env.rank), ("WORLD_SIZE", env.world_size), ("LOCAL_RANK", env.local_rank),
+                       ("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)):
+        os.environ.setdefault(key, str(value))
     if env.world_size == 1 or dist.is_initialized():
         return
     dist.init_process_group(

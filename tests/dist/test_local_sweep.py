@@ -22,6 +22,8 @@ def _files(run_dir: Path) -> dict[str, str]:
 
 
 def test_local_sweep_runs_each_point_and_resumes_as_a_whole(run_root: Path) -> None:
+    # From a project directory with its own train.py: our workers must still run our training package.
+    (run_root / "train.py").write_text('raise SystemExit("the user\'s train.py was imported")\n')
     args = ["-m", "optim.lr=1e-3,3e-3", "trainer.max_steps=6", "trainer.log_every=3", "local.nproc=2",
             "logger.backend=none", f"run.root={hq(run_root)}", "launcher.sweep_name=local lr"]
     out = launch(*args, cwd=run_root)

@@ -69,6 +69,8 @@ class Submitted:
 def short_sweep(tmp_path_factory: pytest.TempPathFactory) -> Submitted:
     root = tmp_path_factory.mktemp("sweep") / "runs with space's"
     root.mkdir()
+    # The user's project directory holds its own train.py: the array tasks must still run our training package.
+    (root / "train.py").write_text('raise SystemExit("the user\'s train.py was imported")\n')
     out = launch("-m", *SWEPT, "+cluster=local_slurm", "cluster.nodes=1", "trainer.max_steps=50",
                  "trainer.log_every=5", "logger.backend=none", f"run.root={hq(root)}", cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -133,8 +135,9 @@ def test_wait_follows_the_array_and_fails_when_a_task_fails(run_root: Path) -> N
     tokens = run_root / "tokens.bin"
     np.arange(4096, dtype=np.uint16).__mod__(256).astype(np.uint16).tofile(tokens)
     # vocab 16 cannot embed token ids up to 255: that point fails at run time, after validation.
+    # fsdp on a one-task allocation, too (torch's device mesh reads RANK, which SLURM does not set).
     out = launch("-m", "model.vocab_size=256,16", "data=tokens", f"data.path={hq(tokens)}", "+cluster=local_slurm",
-                 "cluster.nodes=1", "trainer.max_steps=3", "logger.backend=none", f"run.root={hq(run_root)}",
+                 "cluster.nodes=1", "strategy=fsdp", "trainer.max_steps=3", "logger.backend=none", f"run.root={hq(run_root)}",
                  "launcher.wait=true", timeout=400)
     assert out.returncode == 1, out.stderr[-3000:]
     sweep = load_sweep(sweep_dir_of(out.stdout))

@@ -44,7 +44,7 @@ def test_points_sharing_a_run_directory_are_refused(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "sweep points 0 (trainer.max_steps=10) and 1 (trainer.max_steps=20) would train in the same run " \
            "directory" in out.stderr
-    assert "give each point its own run.name" in out.stderr
+    assert "sweep a setting that changes training" in out.stderr
 
 
 def test_invalid_point_is_named_and_nothing_is_created(tmp_path: Path) -> None:
@@ -90,3 +90,41 @@ def test_a_sweep_point_logs_to_its_own_wandb_run_grouped_by_the_sweep(monkeypatc
     _init_wandb(cfg, tmp_path, "runid1", {})
     assert calls[0]["group"] == "sweep-1234abcd" and calls[0]["id"] == "runid1" and calls[0]["name"] == "p0"
     assert calls[0]["resume"] == "allow"
+
+
+def test_batches_do_not_split_the_checks(tmp_path: Path) -> None:
+    # hydra.sweeper.max_batch_size would check and launch batch by batch; a training sweep ignores it.
+    root = tmp_path / "runs"
+    out = launch("-m", "trainer.global_batch_size=16,32,20", "local.nproc=2", "hydra.sweeper.max_batch_size=1",
+                 f"run.root={hq(root)}", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "max_batch_size=1 is ignored" in out.stderr
+    assert "error: sweep point 2 (trainer.global_batch_size=20)" in out.stderr
+    assert not root.exists()
+
+
+def test_local_sweep_dry_run_trains_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    out = launch("-m", "optim.lr=1e-3,2e-3", "trainer.max_steps=5", f"run.root={hq(root)}",
+                 "launcher.dry_run=true", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("plan: local") == 2 and "dry run: nothing run" in out.stderr
+    assert not root.exists()
+
+
+def test_sweep_name_must_be_a_plain_name(tmp_path: Path) -> None:
+    out = launch("-m", "optim.lr=1e-3,2e-3", "launcher.sweep_name=../x", f"run.root={hq(tmp_path / 'r')}",
+                 "launcher.dry_run=true", cwd=tmp_path)
+    assert out.returncode == 2 and "launcher.sweep_name='../x' must be a plain directory name" in out.stderr
+
+
+def test_works_from_a_project_directory_with_its_own_train_py(tmp_path: Path) -> None:
+    project = tmp_path / "my project"
+    project.mkdir()
+    (project / "train.py").write_text('raise SystemExit("the user\'s train.py was imported")\n')
+    (project / "model.py").write_text("raise SystemExit('model.py imported')\n")
+    out = launch("-m", "optim.lr=1e-3,2e-3", "+cluster=a100x16", "launcher.dry_run=true",
+                 f"run.root={hq(project / 'runs')}", cwd=project)
+    assert out.returncode == 0, out.stderr
+    single = launch("+cluster=a100x16", "launcher.dry_run=true", f"run.root={hq(project / 'runs')}", cwd=project)
+    assert single.returncode == 0, single.stderr

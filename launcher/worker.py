@@ -1,0 +1,28 @@
+"""The compute-side entry as we start it (local workers, submitit's pickled callable, the sbatch scripts):
+
+    python -m launcher.worker --config RUN_DIR/config.yaml
+
+Going through `launcher` first (see launcher/__init__.py) keeps our `train` package ahead of a user's own train.py
+in the working directory; the work itself is train.entry's.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def run(config_path: str | Path) -> int:
+    from train.entry import run as train_run
+
+    return train_run(config_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from train.entry import main as train_main
+
+    return train_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
