@@ -91,6 +91,11 @@ class SweepSweeper(Sweeper):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.inner.setup(hydra_context=hydra_context, task_function=task_function, config=config)
         if OmegaConf.select(config, "hydra.launcher.training", default=False):
+            # Which of the sweep directory's parents exist before the sweeper makes it: bad input removes only
+            # what this command created.
+            sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser().resolve()
+            if isinstance(self.inner.launcher, SweepLauncher):
+                self.inner.launcher.created = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
             self.inner.validate_batch_is_legal = lambda batch: None  # type: ignore[method-assign]
             # A training sweep is checked as a whole and submitted as arrays: batches would split both.
             if self.inner.max_batch_size:
@@ -119,6 +124,8 @@ class SweepLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self._composed: dict[tuple[str, ...], DictConfig] = {}
+        # Directories the sweep command is about to create (set by SweepSweeper), newest first.
+        self.created: list[Path] = []
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function

@@ -60,17 +60,17 @@ def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[st
         sweep = record(sweep_dir, points, swept)
         for p in points:
             classify(p)
+        if points[0].cfg.launcher.dry_run:
+            discard_new_sweep_dir(sweep_dir, launcher.created)
+        elif points[0].cfg.cluster is None:
+            save_sweep(sweep_dir, sweep)
         if points[0].cfg.cluster is None:
-            if points[0].cfg.launcher.dry_run:
-                discard_new_sweep_dir(sweep_dir)
-            else:
-                save_sweep(sweep_dir, sweep)
             code = run_here(points, sweep_dir)
         else:
             code = submit_arrays(points, sweep, sweep_dir)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        discard_new_sweep_dir(sweep_dir)
+        discard_new_sweep_dir(sweep_dir, launcher.created)
         raise SweepExit(EXIT_BAD_INPUT) from None
     if code:
         raise SweepExit(code)
@@ -78,13 +78,13 @@ def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[st
             for p in points]
 
 
-def discard_new_sweep_dir(sweep_dir: Path) -> None:
+def discard_new_sweep_dir(sweep_dir: Path, created: list[Path]) -> None:
     """Bad input leaves nothing behind: Hydra made the sweep directory (multirun.yaml) before any point was
-    checked; a sweep that never recorded anything takes it away again."""
+    checked; a sweep that never recorded anything removes it again, with the parents this command created."""
     if (sweep_dir / "sweep.json").exists():
         return
     (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
-    for path in (sweep_dir, sweep_dir.parent, sweep_dir.parent.parent):
+    for path in created:
         try:
             path.rmdir()
         except OSError:
@@ -200,7 +200,6 @@ def submit_arrays(points: list[PointRun], sweep: Sweep, sweep_dir: Path) -> int:
         shapes[json.dumps(resources(p.cfg, p.plan), sort_keys=True, default=str)].append(p)
     first = points[0]
     if first.cfg.launcher.dry_run:
-        discard_new_sweep_dir(sweep_dir)
         _print_points(points, file=sys.stderr)
         return _dry_run(list(shapes.values()), sweep, sweep_dir)
     for group in shapes.values():  # SLURM's verdict on every shape before anything is queued
