@@ -165,17 +165,30 @@ def count_parameters(m: Any) -> int:
     return total
 
 
+# Keys added after run names were first derived from the config: they change the name only when set to something
+# other than their default, so that upgrading slurmtrain does not move existing runs to new directories (the same
+# command must keep resuming them). Add every new training key here, with its default.
+NAME_ONLY_IF_SET = {"optim.lr_scaling": "none", "optim.reference_batch_size": None}
+
+
 def derived_run_name(cfg: DictConfig) -> str:
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
+    for key, default in NAME_ONLY_IF_SET.items():
+        if OmegaConf.select(cfg, key, default=default) == default:
+            _drop(data, key)
     for key in NAME_EXCLUDED:
-        node: Any = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.get(p, {})
-        node.pop(leaf, None)
+        _drop(data, key)
     digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
     return f"{cfg.model.name}-{cfg.strategy.name}-{cfg.precision.name}-{digest}"
+
+
+def _drop(data: dict[str, Any], key: str) -> None:
+    node: Any = data
+    *parents, leaf = key.split(".")
+    for p in parents:
+        node = node.get(p, {})
+    node.pop(leaf, None)
 
 
 def _check_choices(cfg: DictConfig) -> None:

@@ -134,3 +134,24 @@ def test_slurm_plan_states_the_gpu_hours_it_reserves() -> None:
 def test_zero_sizes_are_refused(override: str) -> None:
     with pytest.raises(ConfigError, match="must be at least 1"):
         compose_and_plan([override])
+
+
+def test_upgrading_keeps_derived_run_names() -> None:
+    """A config.yaml written before keys were added (here: without every key added since the first release)
+    names the same run as today's config with those keys at their defaults; so the same command still resumes."""
+    from omegaconf import OmegaConf
+
+    from launcher.compose import compose_config
+    from launcher.plan import NAME_ONLY_IF_SET, derived_run_name
+
+    cfg = compose_config(["local.nproc=2"])
+    old = OmegaConf.to_container(cfg, resolve=True)
+    for key in [*NAME_ONLY_IF_SET, "optim.scaled_lr", "logger.group", "telemetry", "profile"]:
+        node = old
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        del node[leaf]
+    assert derived_run_name(OmegaConf.create(old)) == derived_run_name(cfg)
+    changed = compose_config(["local.nproc=2", "optim.lr_scaling=sqrt", "optim.reference_batch_size=8"])
+    assert derived_run_name(changed) != derived_run_name(cfg)
