@@ -65,7 +65,7 @@ def run(config_path: str | Path) -> int:
     if env.is_main:
         log.info("world of %d ranks on %d host(s): %s", env.world_size, len(set(hosts)), ", ".join(hosts))
     try:
-        result = train(cfg, env, device, run_dir, flag)
+        result = train(cfg, env, device, run_dir, flag, hosts)
     except RequeueLimitReached as err:
         log.error("%s", err)
         raise

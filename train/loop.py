@@ -22,6 +22,7 @@ from train.preemption import PreemptionWatcher, StopOutcome, after_stop
 from train.signals import StopFlag, preempt_signal
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
+from train.telemetry import NO_TIMING, StepTimer, Telemetry
 
 
 @dataclass
@@ -79,7 +80,7 @@ def trace_samples(state: TrainState, env: DistEnv, indices: list[int]) -> None:
 
 
 def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
-               env: DistEnv, device: torch.device) -> torch.Tensor:
+               env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING) -> torch.Tensor:
     """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync)."""
     t = cfg.trainer
     accum = t.grad_accum_steps
@@ -88,8 +89,9 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
     for micro in range(accum):
         idx = micro_batch_indices(state.samples, micro, env.rank, env.world_size, t.micro_batch_size)
         consumed.extend(idx)
-        inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
-        with strategy.accumulation(micro == accum - 1):
+        with timer.data():
+            inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
+        with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
                 logits = model(inputs)
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -99,9 +101,11 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
     return loss_sum / accum
 
 
-def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: StopFlag | None = None) -> TrainResult:
+def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: StopFlag | None = None,
+          hosts: list[str] | None = None) -> TrainResult:
     """Train to cfg.trainer.max_steps, resuming if a checkpoint exists. `flag` is installed by entry.py at
-    start-up so that an early signal is not lost; tests calling train() directly get one here."""
+    start-up so that an early signal is not lost; tests calling train() directly get one here. `hosts`: every
+    rank's node name (entry.py gathers them; gathered here when not given)."""
     t = cfg.trainer
     flag = flag or StopFlag(preempt_signal(cfg))
     # Same seed on every rank for the initial weights; DDP also broadcasts them, FSDP needs them equal.
@@ -130,6 +134,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             strategy.name, cfg.precision.name, device,
         )
     watcher = PreemptionWatcher(env, device, flag)
+    telemetry = Telemetry(cfg, env, device, run_dir, hosts)
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
@@ -137,15 +142,18 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     try:
         while state.step < t.max_steps:
             lr = strategy.current_lr()
-            loss = train_step(model, strategy, source, state, cfg, env, device)
+            telemetry.begin_step()
+            loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer)
             grad_norm = strategy.optimizer_step()
+            telemetry.end_step()
             state.step += 1
             state.samples += global_batch
             state.tokens += global_batch * cfg.data.seq_len
             logged: float | None = None
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps):
                 logged = losses[state.step] = float(all_reduce_mean(loss))
-                metrics.log(state.step, state.tokens, loss=logged, lr=lr, grad_norm=grad_norm)
+                metrics.log(state.step, state.tokens, telemetry.collect(state.step, strategy), loss=logged, lr=lr,
+                            grad_norm=grad_norm)
             metrics.tick(state.step, logged)
             if state.step >= t.max_steps:
                 break
@@ -165,6 +173,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 log.info("finished at step %d (%d tokens)", state.step, state.tokens)
         ckpt.close()
     finally:
+        telemetry.close()
         metrics.close()
     return TrainResult(state, model, losses, outcome)
 

@@ -87,21 +87,22 @@ class MetricsLogger:
             desc = "" if loss is None else f"loss {loss:.4f}"
             self.progress.update(self._task, completed=step, description=desc)
 
-    def log(self, step: int, tokens: int, **values: float) -> dict[str, float]:
+    def log(self, step: int, tokens: int, telemetry: dict[str, Any] | None = None, **values: float) -> dict[str, Any]:
         now = time.perf_counter()
         elapsed = max(now - self._last_time, 1e-9)
-        row = {"step": step, **values, "tokens_per_s": (tokens - self._last_tokens) / elapsed, "tokens": tokens}
+        row = {"step": step, **values, "tokens_per_s": (tokens - self._last_tokens) / elapsed, "tokens": tokens,
+               **(telemetry or {})}
         self._last_time, self._last_tokens = now, tokens
         if not self.enabled:
             return row
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if self.wandb_run is not None:
-            self.wandb_run.log(row, step=step)
+            self.wandb_run.log(wandb_values(row), step=step)
         if self.progress is None:
             log.info(
-                "step %d/%d loss %.4f lr %.3g tok/s %.0f",
-                step, self.max_steps, row["loss"], row["lr"], row["tokens_per_s"],
+                "step %d/%d loss %.4f lr %.3g tok/s %.0f%s",
+                step, self.max_steps, row["loss"], row["lr"], row["tokens_per_s"], telemetry_text(row),
             )
         return row
 
@@ -116,6 +117,36 @@ class MetricsLogger:
             self._reroute_stream_handlers(sys.stderr)
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def telemetry_text(row: dict[str, Any]) -> str:
+    """The console's summary of the telemetry fields (train/telemetry.py), when the row has them."""
+    if "step_time_s" not in row:
+        return ""
+    text = (f" | step {row['step_time_s'] * 1000:.1f} ms (data {row['data_wait_share']:.1%}) "
+            f"{row['tflops']:.3g} TFLOP/s/device")
+    if "mfu" in row:
+        text += f" MFU {row['mfu']:.1%}"
+    text += f" | peak mem {row['peak_mem_gib']:.2f} GiB"
+    if "loss_scale" in row:
+        text += f" | loss scale {row['loss_scale']:g}"
+    if row.get("stragglers"):
+        text += " | stragglers: ranks " + ", ".join(str(s["rank"]) for s in row["stragglers"])
+    return text
+
+
+def wandb_values(row: dict[str, Any]) -> dict[str, Any]:
+    """Scalars as they are, per-node throughput as one series per host, the straggler count; the per-rank
+    lists stay in metrics.jsonl (thousands of series would drown the dashboard)."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, int | float):
+            out[key] = value
+        elif key == "tokens_per_s_by_node":
+            out.update({f"tokens_per_s_by_node/{host}": v for host, v in value.items()})
+        elif key == "stragglers":
+            out["stragglers"] = len(value)
+    return out
 
 
 def _row_step(line: str) -> float:

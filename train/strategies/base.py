@@ -103,6 +103,10 @@ class Strategy:
         assert self.optimizer is not None
         return float(self.optimizer.param_groups[0]["lr"])
 
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale (None without loss scaling). Reads the device: for log steps only."""
+        return None if self.scaler is None else float(self.scaler.get_scale())
+
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Create the optimizer state now, exactly as a fresh optimizer's first step finds it.
