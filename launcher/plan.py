@@ -183,7 +183,7 @@ def derived_run_name(cfg: DictConfig) -> str:
     return f"{cfg.model.name}-{cfg.strategy.name}-{cfg.precision.name}-{digest}"
 
 
-def _drop(data: dict[str, Any], key: str) -> None:
+def _drop(data: dict[Any, Any], key: str) -> None:
     node: Any = data
     *parents, leaf = key.split(".")
     for p in parents:
