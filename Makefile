@@ -12,10 +12,10 @@ TORCH_SPEC ?= torch==2.13.0
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-install: ## install slurmtrain (editable) with its dev and deepspeed extras
+install: ## install slurmtrain (editable) with its dev, deepspeed and hf extras
 	$(PIP) install $(TORCH_SPEC)
 	# compat: a path entry rather than an import hook, so Hydra's plugin scan finds hydra_plugins/ (sweeps)
-	$(PIP) install --config-settings editable_mode=compat -e '.[dev,deepspeed]'
+	$(PIP) install --config-settings editable_mode=compat -e '.[dev,deepspeed,hf]'
 
 test: ## run every test tier this machine supports (unit, dist, slurm when `make slurm-up` ran, gpu with CUDA)
 	$(PYTEST) tests -q

@@ -48,6 +48,8 @@ class MemoryEstimate:
     temporary: float
     margin: float
     host: float = 0.0
+    # False for a user's model: activations are not counted, so the total is a lower bound.
+    activations_known: bool = True
 
     @property
     def states(self) -> float:
@@ -63,9 +65,11 @@ class MemoryEstimate:
 
     def breakdown(self) -> str:
         g = self.as_gb()
-        text = (f"params {g['params']:.2f} + grads {g['grads']:.2f} + optimizer {g['optimizer']:.2f} + activations "
-                f"{g['activations']:.2f} + temporary {g['temporary']:.2f} + margin {g['margin']:.2f} = "
-                f"{g['total']:.2f} GB")
+        activations = (f"activations {g['activations']:.2f}" if self.activations_known
+                       else "activations not estimated (a model from model._target_)")
+        text = (f"params {g['params']:.2f} + grads {g['grads']:.2f} + optimizer {g['optimizer']:.2f} + {activations}"
+                f" + temporary {g['temporary']:.2f} + margin {g['margin']:.2f} = "
+                f"{'at least ' if not self.activations_known else ''}{g['total']:.2f} GB")
         return text + (f" (+ {g['host']:.2f} GB in host memory)" if self.host else "")
 
 
@@ -137,12 +141,46 @@ def layout(cfg: Any, world: int, nodes: int) -> Layout:
     return Layout(FP32, FP32, 0, 1, "replicated")
 
 
-def estimate_memory(cfg: Any, world: int, nodes: int, n_params: int, margin_bytes: float,
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate knows of a model: ours from its config (`config` set, activations counted op by op), a
+    user's `model._target_` from the probe (launcher/probe.py: parameters and blocks, no activations)."""
+
+    n_params: int
+    block_params: int
+    n_blocks: int
+    # Outside the blocks: the largest module ZeRO-3 gathers whole (the embedding) and all of it together.
+    largest_root: int
+    root: int
+    # Parameters per gradient-reduce bucket (DeepSpeed's).
+    bucket: int
+    vocab_size: int | None
+    config: Any = None
+    # Training FLOPs per token when the model says (a user's model: model.flops_per_token); else computed.
+    model_flops_per_token: float | None = None
+
+    @classmethod
+    def ours(cls, m: Any, n_params: int) -> ModelShape:
+        block = block_params(m)
+        return cls(n_params, block, m.n_layers, m.vocab_size * m.d_model, root_params(m, n_params), m.d_model**2,
+                   m.vocab_size, m)
+
+    @property
+    def activations_known(self) -> bool:
+        return self.config is not None
+
+    def flops_per_token(self, seq_len: int) -> float:
+        if self.config is not None:
+            return flops_per_token(self.config, seq_len)
+        return self.model_flops_per_token or 6.0 * self.n_params
+
+
+def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_bytes: float,
                     fragmentation: float) -> MemoryEstimate:
-    m, s = cfg.model, cfg.strategy
+    s = cfg.strategy
     lay = layout(cfg, world, nodes)
-    p, n = float(n_params), lay.shard
-    block, root = block_params(m), root_params(m, n_params)
+    p, n = float(shape.n_params), lay.shard
+    block, root = shape.block_params, shape.root
     compute_bytes = dtype_bytes(cfg.precision.name)
     optim = (ADAM_BYTES + lay.master_bytes) * p
     host = 0.0
@@ -151,15 +189,15 @@ def estimate_memory(cfg: Any, world: int, nodes: int, n_params: int, margin_byte
         temporary = 0.0 if s.gradient_as_bucket_view else lay.grad_bytes * p  # DDP's buckets beside the grads
     elif lay.kind == "zero1":
         params, grads, optimizer = lay.weight_bytes * p, lay.grad_bytes * p, optim / n
-        temporary = 2 * lay.grad_bytes * m.d_model**2  # reduce buckets
+        temporary = 2 * lay.grad_bytes * shape.bucket  # reduce buckets
     elif lay.kind == "zero2":
         params, grads, optimizer = lay.weight_bytes * p, lay.grad_bytes * p / n, optim / n
-        temporary = 2 * lay.grad_bytes * m.d_model**2
+        temporary = 2 * lay.grad_bytes * shape.bucket
     elif lay.kind == "zero3":
         params, grads, optimizer = lay.weight_bytes * p / n, lay.grad_bytes * p / n, optim / n
         # The module being computed (a block, or the embedding / output layer) gathered whole, and the next one
         # prefetched; one block's full gradients before they are reduce-scattered.
-        largest = max(block, m.vocab_size * m.d_model)
+        largest = max(block, shape.largest_root)
         temporary = lay.weight_bytes * (largest + block) + lay.grad_bytes * block
         if s.offload_optimizer or s.offload_params:
             host = optimizer + (grads if s.offload_optimizer else 0) + (params if s.offload_params else 0)
@@ -168,20 +206,24 @@ def estimate_memory(cfg: Any, world: int, nodes: int, n_params: int, margin_byte
             params = 0.0 if s.offload_params else params
     else:  # fsdp / fsdp_grad_op / hsdp: every state sharded; the root module stays gathered through the step
         params, grads, optimizer = lay.weight_bytes * p / n, lay.grad_bytes * p / n, optim / n
-        gathered = (2 * block if lay.kind == "fsdp" else m.n_layers * block) + root
+        gathered = (2 * block if lay.kind == "fsdp" else shape.n_blocks * block) + root
         temporary = lay.weight_bytes * gathered * (1 - 1 / n) + lay.grad_bytes * block
     tokens = cfg.trainer.micro_batch_size * cfg.data.seq_len
-    per_block = block_activation_bytes(m, compute_bytes)
-    if s.activation_checkpointing:
-        # Each block keeps only its input; backward recomputes one block at a time.
-        activations = tokens * (m.n_layers * FP32 * m.d_model + head_activation_bytes(m))
-        temporary += tokens * per_block
-    else:
-        activations = tokens * (m.n_layers * per_block + head_activation_bytes(m))
-    # The logits (compute dtype), their fp32 copy for the loss and its gradient.
-    temporary += tokens * m.vocab_size * (compute_bytes + 2 * FP32)
+    activations = 0.0
+    m = shape.config
+    if m is not None:
+        per_block = block_activation_bytes(m, compute_bytes)
+        if s.activation_checkpointing:
+            # Each block keeps only its input; backward recomputes one block at a time.
+            activations = tokens * (m.n_layers * FP32 * m.d_model + head_activation_bytes(m))
+            temporary += tokens * per_block
+        else:
+            activations = tokens * (m.n_layers * per_block + head_activation_bytes(m))
+    if shape.vocab_size:
+        # The logits (compute dtype), their fp32 copy for the loss and its gradient.
+        temporary += tokens * shape.vocab_size * (compute_bytes + 2 * FP32)
     if compute_bytes != FP32 and s.backend != "deepspeed":
         temporary += compute_bytes * p / n if lay.kind != "replicated" else compute_bytes * p  # autocast's weight copies
     subtotal = params + grads + optimizer + activations + temporary
     return MemoryEstimate(params, grads, optimizer, activations, temporary,
-                          margin_bytes + fragmentation * subtotal, host)
+                          margin_bytes + fragmentation * subtotal, host, shape.activations_known)

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.estimate import GB, MemoryEstimate, estimate_memory, flops_per_token
+from launcher.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
 from launcher.schema import StrategyConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -126,9 +126,9 @@ def with_strategy(cfg: DictConfig, name: str) -> DictConfig:
     return trial
 
 
-def estimate_for(cfg: DictConfig, world: int, nodes: int, n_params: int) -> MemoryEstimate:
+def estimate_for(cfg: DictConfig, world: int, nodes: int, shape: ModelShape) -> MemoryEstimate:
     margin = cfg.launcher.memory_margin_gb * GB
-    return estimate_memory(cfg, world, nodes, n_params, margin, cfg.launcher.memory_fragmentation)
+    return estimate_memory(cfg, world, nodes, shape, margin, cfg.launcher.memory_fragmentation)
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def candidates(cfg: DictConfig, world: int, has_gpus: bool) -> tuple[list[str], 
     return names, skipped
 
 
-def search(cfg: DictConfig, world: int, nodes: int, n_params: int, cap: Capacity, has_gpus: bool,
+def search(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, cap: Capacity, has_gpus: bool,
            node_steps: tuple[int, ...] = (1,)) -> tuple[Option | None, list[str]]:
     """The first option that fits, cheapest first: the configured nodes before more nodes, the configured micro
     batch before smaller ones, strategies in strategy=auto's order. Also says why the configured micro batch
@@ -175,7 +175,7 @@ def search(cfg: DictConfig, world: int, nodes: int, n_params: int, cap: Capacity
             for name in names:
                 trial = with_strategy(cfg, name)
                 trial.trainer.micro_batch_size = micro
-                est = estimate_for(trial, per_node * nodes * more, nodes * more, n_params)
+                est = estimate_for(trial, per_node * nodes * more, nodes * more, shape)
                 if fits(est, cap):
                     return Option(name, micro, nodes * more, est), reasons
                 if more == node_steps[0] and micro == cfg.trainer.micro_batch_size:
@@ -195,33 +195,33 @@ def _keep_effective_batch(cfg: DictConfig, option: Option, world: int) -> str:
     return f" with trainer.micro_batch_size={option.micro_batch_size} (same effective batch, more accumulation)"
 
 
-def _more_nodes_advice(cfg: DictConfig, world: int, nodes: int, n_params: int, cap: Capacity, has_gpus: bool) -> str:
+def _more_nodes_advice(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, cap: Capacity, has_gpus: bool) -> str:
     if cfg.cluster is not None:
-        option, _ = search(cfg, world, nodes, n_params, cap, has_gpus, node_steps=(2, 4, 8, 16, 32))
+        option, _ = search(cfg, world, nodes, shape, cap, has_gpus, node_steps=(2, 4, 8, 16, 32))
         if option is not None:
             return f"use {option.overrides(cfg)} ({option.estimate.total / GB:.1f} GB per rank)"
     return "nothing fits on this hardware: use a smaller model or more, larger GPUs"
 
 
-def check_fit(cfg: DictConfig, world: int, nodes: int, n_params: int, local_gpus: int, refuse: bool = True) -> Fit:
+def check_fit(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, local_gpus: int, refuse: bool = True) -> Fit:
     has_gpus = bool(local_gpus) if cfg.cluster is None else int(cfg.cluster.gpus_per_node) > 0
     cap = capacity(cfg, world, local_gpus)
     reasons: list[str] = []
     if cfg.strategy.name == "auto":
         cfg.strategy.name = "ddp" if world > 1 else "single"  # a concrete starting point for the search
-        option, reasons = search(cfg, world, nodes, n_params, cap, has_gpus)
+        option, reasons = search(cfg, world, nodes, shape, cap, has_gpus)
         if option is None:
             raise ConfigError(f"strategy=auto: no strategy fits model={cfg.model.name} ({reasons[-1]}; {cap.what}): "
-                              f"{_more_nodes_advice(cfg, world, nodes, n_params, cap, has_gpus)}")
+                              f"{_more_nodes_advice(cfg, world, nodes, shape, cap, has_gpus)}")
         keep = _keep_effective_batch(cfg, option, world)
         cfg.strategy = strategy_node(option.strategy, cfg.strategy)
         cfg.trainer.micro_batch_size = option.micro_batch_size
         reasons.append(f"picked {option.strategy}" + keep + f": {option.estimate.total / GB:.1f} GB per rank")
-    fit = Fit(estimate_for(cfg, world, nodes, n_params), cap, reasons)
+    fit = Fit(estimate_for(cfg, world, nodes, shape), cap, reasons)
     if not fit.fits and refuse and not cfg.launcher.force:
-        option, _ = search(cfg, world, nodes, n_params, cap, has_gpus)
+        option, _ = search(cfg, world, nodes, shape, cap, has_gpus)
         advice = (f"use {option.overrides(cfg)} ({option.estimate.total / GB:.1f} GB per rank)" if option
-                  else _more_nodes_advice(cfg, world, nodes, n_params, cap, has_gpus))
+                  else _more_nodes_advice(cfg, world, nodes, shape, cap, has_gpus))
         raise ConfigError(
             f"model={cfg.model.name} with strategy={cfg.strategy.name} does not fit: {shortfall(fit.estimate, cap)} "
             f"({cap.what}): {advice}; or add launcher.force=true to run anyway"
@@ -266,8 +266,8 @@ class Budget:
         return text
 
 
-def budget(cfg: DictConfig, world: int, tokens_per_step: int, gpus: int) -> Budget:
-    fpt = flops_per_token(cfg.model, cfg.data.seq_len)
+def budget(cfg: DictConfig, world: int, tokens_per_step: int, gpus: int, shape: ModelShape) -> Budget:
+    fpt = shape.flops_per_token(cfg.data.seq_len)
     c = cfg.cluster
     peak = c.peak_tflops.get(cfg.precision.name) if c is not None else cfg.telemetry.peak_tflops
     mfu = float(c.assumed_mfu) if c is not None else 0.4

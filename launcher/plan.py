@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from launcher.cluster_checks import validate_cluster
 from launcher.errors import ConfigError
-from launcher.estimate import GB
+from launcher.estimate import GB, ModelShape
 from launcher.fit import Budget, Fit, budget, check_fit, scaled_lr
+from launcher.hf_config import HF_TARGET, apply_hf_config
+from launcher.probe import needs_probe, probe
 
 CHOICES = {
     "model.position": ("rope", "learned"),
@@ -59,6 +61,8 @@ class Plan:
     lr: float = 0.0
     lr_note: str = ""
     budget: Budget | None = None
+    # Why the plan has no memory estimate (a user's model that can't be built on the meta device).
+    model_note: str = ""
 
     @property
     def gpu_hours(self) -> float:
@@ -73,6 +77,9 @@ class Plan:
             line += f" (about ${self.gpu_hours * self.price_per_gpu_hour:,.0f} at ${self.price_per_gpu_hour:g}/GPU-hour)"
         return line
 
+    def _params(self) -> str:
+        return f"{self.n_params / 1e6:.1f}M" if self.n_params else "an unknown number of"
+
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
@@ -81,9 +88,11 @@ class Plan:
         lines = [
             f"plan: {self.mode}, world size {self.world_size}, effective batch {self.global_batch_size} "
             f"(micro {self.micro_batch_size} x accumulation {self.grad_accum_steps} x data-parallel "
-            f"{self.world_size}) = {self.tokens_per_step} tokens/step, model {self.n_params / 1e6:.1f}M "
-            f"parameters, run directory {self.run_dir}{self.cost_line()}"
+            f"{self.world_size}) = {self.tokens_per_step} tokens/step, model {self._params()} parameters, "
+            f"run directory {self.run_dir}{self.cost_line()}"
         ]
+        if self.model_note:
+            lines.append(f"  {self.model_note}")
         if self.fit is not None:
             reasons = "; ".join(self.fit.strategy_reasons)
             lines.append(f"  strategy {self.strategy}" + (f" (auto: {reasons})" if reasons else ""))
@@ -168,7 +177,9 @@ def count_parameters(m: Any) -> int:
 # Keys added after run names were first derived from the config: they change the name only when set to something
 # other than their default, so that upgrading slurmtrain does not move existing runs to new directories (the same
 # command must keep resuming them). Add every new training key here, with its default.
-NAME_ONLY_IF_SET = {"optim.lr_scaling": "none", "optim.reference_batch_size": None}
+NAME_ONLY_IF_SET = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
+                    "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
+                    "data._target_": None, "data.args": {}}
 
 
 def derived_run_name(cfg: DictConfig) -> str:
@@ -200,6 +211,14 @@ def _check_choices(cfg: DictConfig) -> None:
 
 def _check_model(cfg: DictConfig) -> None:
     m = cfg.model
+    if m.get("_target_") == HF_TARGET and not m.config_path:
+        raise ConfigError(f"model={m.name} needs a local Hugging Face config: add model.config_path=PATH "
+                          "(a config.json or its directory)")
+    if m.config_path is not None:
+        apply_hf_config(cfg)
+    if m.get("_target_"):
+        _check_target_model(cfg)
+        return
     for key in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "max_seq_len"):
         if m[key] < 1:
             raise ConfigError(f"model.{key}={m[key]} must be at least 1")
@@ -218,7 +237,17 @@ def _check_model(cfg: DictConfig) -> None:
         )
 
 
+def _check_target_model(cfg: DictConfig) -> None:
+    m = cfg.model
+    if m.vocab_size < 1 or m.max_seq_len < 1:
+        raise ConfigError("model.vocab_size and model.max_seq_len must be at least 1 (the data uses them)")
+    if cfg.data.seq_len < 1:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
+
+
 def _check_data(cfg: DictConfig) -> None:
+    if cfg.data.get("_target_"):
+        return
     if cfg.data.name == "tokens":
         if not cfg.data.path:
             raise ConfigError("data=tokens needs a token file: add data.path=/path/to/tokens.bin")
@@ -286,6 +315,18 @@ def _check_ranges(cfg: DictConfig, world: int) -> None:
         raise ConfigError(f"strategy=single runs one process but the world size is {world}: use strategy=ddp")
 
 
+def model_shape(cfg: DictConfig) -> tuple[ModelShape | None, str]:
+    """Ours from the config; a user's from the model itself (launcher/probe.py)."""
+    if not needs_probe(cfg):
+        return ModelShape.ours(cfg.model, count_parameters(cfg.model)), ""
+    answer = probe(cfg)
+    if answer.shape is None or not cfg.model.get("_target_"):
+        return (answer.shape or None), answer.note
+    if cfg.model.config_path:  # a Hugging Face model: its vocabulary sizes the logits
+        return replace(answer.shape, vocab_size=int(cfg.model.vocab_size)), ""
+    return answer.shape, ""
+
+
 def make_plan(cfg: DictConfig) -> Plan:
     """Validate cfg and fill in the derived values in place (world size, accumulation, run name)."""
     _check_choices(cfg)
@@ -297,10 +338,15 @@ def make_plan(cfg: DictConfig) -> Plan:
     _check_data(cfg)
     if cfg.strategy.name != "auto":
         _check_strategy(cfg, world)
-    n_params = count_parameters(cfg.model)
+    shape, shape_note = model_shape(cfg)
     nodes = int(cfg.cluster.nodes) if cfg.cluster is not None else 1
     local_gpus = local_gpu_count() if cfg.cluster is None else 0
-    fit = check_fit(cfg, world, nodes, n_params, local_gpus, refuse=not cfg.launcher.prepare_only)
+    fit = None
+    if shape is not None:
+        fit = check_fit(cfg, world, nodes, shape, local_gpus, refuse=not cfg.launcher.prepare_only)
+    elif cfg.strategy.name == "auto":
+        raise ConfigError(f"strategy=auto needs a memory estimate, and there is none ({shape_note}): name the "
+                          "strategy, for example strategy=fsdp")
     _check_strategy(cfg, world)
     accum = _resolve_accumulation(cfg, world)
     global_batch = cfg.trainer.micro_batch_size * accum * world
@@ -322,14 +368,16 @@ def make_plan(cfg: DictConfig) -> Plan:
         grad_accum_steps=accum,
         global_batch_size=cfg.trainer.global_batch_size,
         seq_len=cfg.data.seq_len,
-        n_params=n_params,
+        n_params=shape.n_params if shape is not None else 0,
         run_dir=Path(cfg.run.root).expanduser().resolve() / cfg.run.name,
         strategy=cfg.strategy.name,
         fit=fit,
         lr=lr,
         lr_note=_lr_note(cfg, global_batch),
-        budget=budget(cfg, world, global_batch * cfg.data.seq_len, int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node)
-                      if cfg.cluster is not None else local_gpus),
+        budget=None if shape is None else budget(
+            cfg, world, global_batch * cfg.data.seq_len,
+            int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node) if cfg.cluster is not None else local_gpus, shape),
+        model_note=shape_note,
         **_reservation(cfg),
     )
 

@@ -34,6 +34,17 @@ class ModelConfig:
     tie_embeddings: bool = True
     dropout: float = 0.0
     init_std: float = 0.02
+    # Bring your own model: a function or class that returns an nn.Module, instantiated by Hydra with `args` as
+    # its keyword arguments (model._target_=my_pkg.build_model model.args.hidden=128). The keys above then only
+    # matter where the data uses them (vocab_size, max_seq_len). None: our transformer.
+    _target_: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    # The repeated block that FSDP wraps and activation checkpointing recomputes: a class name (or
+    # module.ClassName). None: found automatically (the longest list of identical blocks); "none": the model has
+    # no blocks and is trained as one unit.
+    block: str | None = None
+    # model=hf_causal_lm: a local Hugging Face config.json (or the directory holding it); nothing is downloaded.
+    config_path: str | None = None
 
 
 @dataclass
@@ -48,6 +59,12 @@ class DataConfig:
     path: str | None = None
     dtype: str = "uint16"
     shuffle: bool = True
+    # Bring your own data: a map-style dataset class (len and getitem) or a function returning one, instantiated
+    # by Hydra with `args`. An item is a token sequence of seq_len + 1 (inputs and shifted targets), an
+    # (inputs, targets) pair, or a dict with input_ids (and labels). Sample i of the global stream is item
+    # i mod len, in an order shuffled per epoch by data.seed when data.shuffle is true.
+    _target_: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

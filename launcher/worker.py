@@ -1,6 +1,7 @@
 """The compute-side entry as we start it (local workers, submitit's pickled callable, the sbatch scripts):
 
     python -m launcher.worker --config RUN_DIR/config.yaml
+    python -m launcher.worker --probe  < request.json     (launcher/probe.py: what a user's model is made of)
 
 Going through `launcher` first (see launcher/__init__.py) keeps our `train` package ahead of a user's own train.py
 in the working directory; the work itself is train.entry's.
@@ -19,6 +20,11 @@ def run(config_path: str | Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--probe"]:
+        from train.probe import main as probe_main
+
+        return probe_main()
     from train.entry import main as train_main
 
     return train_main(argv)

@@ -16,8 +16,9 @@ import torch
 
 
 class TokenSource(Protocol):
-    def sample(self, index: int) -> np.ndarray:
-        """Tokens [seq_len + 1] (inputs plus the shifted target) of the sample with this global index."""
+    def sample(self, index: int) -> Any:
+        """The sample with this global index: tokens [seq_len + 1] (inputs plus the shifted target), an
+        (inputs, targets) pair, or a dict with input_ids (and labels)."""
 
 
 class SyntheticTokens:
@@ -63,7 +64,35 @@ class MemmapTokens:
         return np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64)
 
 
+class DatasetSource:
+    """A user's map-style dataset (`data._target_`) as a token source: global index i is item i mod len, the
+    items of each epoch in an order shuffled by the seed (or in order)."""
+
+    def __init__(self, dataset: Any, seed: int, shuffle: bool) -> None:
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise TypeError(f"data._target_ built a {type(dataset).__name__}, which has no __len__ and __getitem__: "
+                            "slurmtrain resumes exactly by sample index, so it needs a map-style dataset")
+        self.dataset, self.seed, self.shuffle = dataset, seed, shuffle
+        self.size = len(dataset)
+        if self.size < 1:
+            raise ValueError(f"data._target_ built an empty {type(dataset).__name__}")
+        self._order: dict[int, np.ndarray] = {}
+
+    def sample(self, index: int) -> Any:
+        epoch, offset = divmod(index, self.size)
+        if self.shuffle:
+            if epoch not in self._order:
+                self._order = {epoch: np.random.default_rng([self.seed, 3, epoch]).permutation(self.size)}
+            offset = int(self._order[epoch][offset])
+        return self.dataset[offset]
+
+
 def build_source(data_cfg: Any, vocab_size: int) -> TokenSource:
+    if data_cfg.get("_target_"):
+        from train.build import instantiate
+
+        return DatasetSource(instantiate("data._target_", data_cfg._target_, data_cfg.args), data_cfg.seed,
+                             data_cfg.shuffle)
     if data_cfg.name == "synthetic":
         return SyntheticTokens(vocab_size, data_cfg.seq_len, data_cfg.seed, data_cfg.signal)
     if data_cfg.name == "tokens":
@@ -78,6 +107,33 @@ def micro_batch_indices(position: int, micro_step: int, dp_rank: int, dp_size: i
     return range(start, start + micro)
 
 
+# Targets with this value are left out of the loss (Hugging Face's convention for padding and prompts).
+IGNORE_INDEX = -100
+
+
+def _as_tensor(x: Any) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+
+
+def split_sample(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of one sample in any of the shapes TokenSource.sample may return."""
+    if isinstance(item, dict):
+        if "input_ids" not in item:
+            raise TypeError(f"a data sample is a dict with keys {sorted(item)}: it needs input_ids (and labels)")
+        ids = _as_tensor(item["input_ids"])
+        if "labels" in item:  # labels aligned with input_ids, shifted here as Hugging Face models do
+            labels = _as_tensor(item["labels"])
+            return ids[:-1], labels[1:]
+        return ids[:-1], ids[1:]
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return _as_tensor(item[0]), _as_tensor(item[1])
+    tokens = _as_tensor(item)
+    if tokens.dim() != 1:
+        raise TypeError(f"a data sample has shape {tuple(tokens.shape)}: return a 1-D token sequence of seq_len + 1, "
+                        "an (inputs, targets) pair or a dict with input_ids")
+    return tokens[:-1], tokens[1:]
+
+
 def load_micro_batch(source: TokenSource, indices: range) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = torch.from_numpy(np.stack([source.sample(i) for i in indices]))
-    return batch[:, :-1], batch[:, 1:]
+    pairs = [split_sample(source.sample(i)) for i in indices]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from train.checkpoint import CheckpointManager
-from train.data import TokenSource, build_source, load_micro_batch, micro_batch_indices
+from train.build import build_model, flops_per_token, logits_of
+from train.data import IGNORE_INDEX, TokenSource, build_source, load_micro_batch, micro_batch_indices
 from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log
-from train.model import build_model
 from train.preemption import PreemptionWatcher, StopOutcome, after_stop
 from train.signals import StopFlag, preempt_signal
 from train.strategies import build_strategy
@@ -93,8 +93,9 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
             inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
         with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
-                logits = model(inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+                logits = logits_of(model(inputs))
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
             strategy.backward(loss / accum)
         loss_sum += loss.detach()
     trace_samples(state, env, consumed)
@@ -111,7 +112,9 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     # Same seed on every rank for the initial weights; DDP also broadcasts them, FSDP needs them equal.
     seed_everything(t.seed)
     strategy = build_strategy(cfg, env, device)
-    model = strategy.setup(build_model(cfg.model))
+    raw_model = build_model(cfg.model)
+    model_flops, _ = flops_per_token(raw_model, cfg.model, cfg.data.seq_len)
+    model = strategy.setup(raw_model)
     ds_config = getattr(strategy, "ds_config", None)
     if env.is_main and ds_config is not None:
         # The generated DeepSpeed config is part of what explains this run (and is saved beside each checkpoint).
@@ -134,7 +137,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             strategy.name, cfg.precision.name, device,
         )
     watcher = PreemptionWatcher(env, device, flag)
-    telemetry = Telemetry(cfg, env, device, run_dir, hosts)
+    telemetry = Telemetry(cfg, env, device, run_dir, hosts, model_flops)
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}

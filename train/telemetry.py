@@ -267,7 +267,7 @@ class Telemetry:
     (a collective: every rank calls it), close() at the end."""
 
     def __init__(self, cfg: Any, env: DistEnv, device: torch.device, run_dir: Path,
-                 hosts: list[str] | None = None) -> None:
+                 hosts: list[str] | None = None, model_flops_per_token: float | None = None) -> None:
         t = cfg.telemetry
         self.env, self.device, self.enabled = env, device, bool(t.enabled)
         self.timer = StepTimer(device, self.enabled, slow_rank_delay(env.rank))
@@ -278,7 +278,7 @@ class Telemetry:
         self.hosts = hosts or gather_hosts(env)
         tr = cfg.trainer
         self.tokens_per_rank_step = tr.micro_batch_size * tr.grad_accum_steps * cfg.data.seq_len
-        self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
+        self.flops_per_token = model_flops_per_token or flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak = peak_tflops(cfg)
         self.rule = StragglerRule(t.straggler_factor, t.straggler_intervals)
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from train.blocks import prepare_blocks
 from train.optim import build_optimizer, build_scheduler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,6 +35,8 @@ class Strategy:
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         # Loss scaling for fp16 (None otherwise); part of the checkpointed training state.
         self.scaler: Any = None
+        # The model's repeated blocks (train/blocks.py), after activation checkpointing: FSDP's units.
+        self.blocks: list[nn.Module] = []
 
     # -- set-up --------------------------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -43,7 +46,7 @@ class Strategy:
         return torch.amp.GradScaler(self.device.type)
 
     def setup(self, model: nn.Module) -> nn.Module:
-        prepare_blocks(model, self.cfg.strategy)
+        self.blocks = prepare_blocks(model, self.cfg.model, self.cfg.strategy)
         model = self.wrap(model.to(self.device))
         self.model = model
         self.optimizer = build_optimizer(model, self.cfg.optim)
@@ -123,19 +126,3 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             state["step"].zero_()
         elif "step" in state:
             state["step"] = 0
-
-
-def transformer_blocks(model: nn.Module) -> list[nn.Module]:
-    return list(getattr(model, "blocks", []))
-
-
-def prepare_blocks(model: nn.Module, strategy_cfg: Any) -> None:
-    """Per-block activation checkpointing and torch.compile, the same for every strategy."""
-    if strategy_cfg.activation_checkpointing:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-        for i, block in enumerate(transformer_blocks(model)):
-            model.blocks[i] = checkpoint_wrapper(block)  # type: ignore[index,operator,assignment]
-    if strategy_cfg.compile:
-        for block in transformer_blocks(model):
-            block.compile()

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch import nn
 
 from train.optim import build_optimizer, build_scheduler, param_groups, peak_lr
-from train.strategies.base import Strategy, prepare_blocks
+from train.blocks import prepare_blocks
+from train.strategies.base import Strategy
 
 # DeepSpeed's ZeRO calls torch collectives under their old names (all_gather_into_tensor,
 # reduce_scatter_tensor): a warning per call site on every rank that nobody here can act on.
@@ -113,7 +114,7 @@ class DeepSpeedStrategy(Strategy):
         # DeepSpeed takes its device from $LOCAL_RANK and asserts it is set, but srun tasks (and a bare single
         # process) have none: it must name the device this rank already uses (distributed.device_for).
         os.environ["LOCAL_RANK"] = str(self.device.index if self.device.type == "cuda" else self.env.local_rank)
-        prepare_blocks(model, self.cfg.strategy)
+        self.blocks = prepare_blocks(model, self.cfg.model, self.cfg.strategy)
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model.to(self.device), optimizer=self._client_optimizer(model),
             config=copy.deepcopy(self.ds_config),

@@ -10,11 +10,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from train.strategies.base import Strategy, transformer_blocks
+from train.strategies.base import Strategy
 
 
 class FSDPStrategy(Strategy):
-    """Each transformer block is its own FSDP unit, then the root (embeddings, final norm, head)."""
+    """Each block (train/blocks.py) is its own FSDP unit, then the root (embeddings, final norm, head)."""
 
     def mesh(self) -> DeviceMesh:
         world = self.env.world_size
@@ -30,7 +30,7 @@ class FSDPStrategy(Strategy):
     def wrap(self, model: nn.Module) -> nn.Module:
         mesh = self.mesh()
         reshard = bool(self.cfg.strategy.reshard_after_forward)
-        for block in transformer_blocks(model):
+        for block in self.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
         # The root keeps its parameters after forward: backward needs them at once (tied embedding/head).
         fully_shard(model, mesh=mesh, reshard_after_forward=False)

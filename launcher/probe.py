@@ -1,0 +1,77 @@
+"""Ask a user's model (`model._target_`, `data._target_`, model=hf_causal_lm) what the plan needs to know.
+
+The launcher never imports torch, and a user's model needs it: the question goes to a child process
+(train/probe.py), which imports the targets from the user's project directory and builds the model on the meta
+device. One answer per distinct model config per process, so a sweep asks once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.errors import ConfigError
+from launcher.estimate import ModelShape
+
+_answers: dict[str, dict[str, Any]] = {}
+
+
+@dataclass(frozen=True)
+class Probe:
+    shape: ModelShape | None
+    # Why there is no shape (the model could not be built on the meta device): the plan says so and goes on.
+    note: str = ""
+
+
+def needs_probe(cfg: DictConfig) -> bool:
+    return bool(cfg.model.get("_target_") or cfg.data.get("_target_"))
+
+
+def project_env() -> dict[str, str]:
+    """The child's environment: the user's project directory importable, as it is for the ranks."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _ask(request: dict[str, Any]) -> dict[str, Any]:
+    key = json.dumps(request, sort_keys=True)
+    if key not in _answers:
+        try:
+            out = subprocess.run([sys.executable, "-m", "launcher.worker", "--probe"], input=key, text=True,
+                                 capture_output=True, timeout=600, env=project_env(), check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": "building the model on the meta device took over 10 minutes", "kind": "build"}
+        lines = out.stdout.strip().splitlines()
+        try:
+            _answers[key] = json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError):
+            detail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            return {"error": f"the model probe failed: {detail}", "kind": "build"}
+    return _answers[key]
+
+
+def probe(cfg: DictConfig) -> Probe:
+    """The model's shape for the estimate; raises ConfigError for a target that can't be imported or a model
+    whose blocks can't be found (the ranks would fail the same way, after waiting in the queue)."""
+    request = {
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "data": {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()  # type: ignore[union-attr]
+                 if k in ("_target_", "args")},
+        "seq_len": int(cfg.data.seq_len),
+    }
+    answer = _ask(request)
+    if "facts" in answer:
+        f = answer["facts"]
+        shape = ModelShape(f["n_params"], f["block_params"], f["n_blocks"], f["largest_root"], f["root"],
+                           f["largest_param"], None, None, f["flops_per_token"] if f["flops_source"] == "model" else None)
+        return Probe(shape)
+    if answer.get("kind") in ("target", "block", "args"):
+        raise ConfigError(answer["error"])
+    return Probe(None, f"memory not estimated: building the model on the meta device failed ({answer['error']})")

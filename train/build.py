@@ -1,0 +1,92 @@
+"""Build the model a config names: ours (train/model.py), a user's `model._target_`, or a Hugging Face causal LM.
+
+What the rest of training asks of any model: `model(inputs)` returns logits (a tensor, or an output with `.logits`
+as Hugging Face models return), and, optionally, `model.flops_per_token(seq_len)` for MFU and the launch plan
+(without it, 6 x parameters per token is assumed).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+
+class TargetError(ImportError):
+    """A `_target_` that can't be imported; the message names the fix."""
+
+
+def resolve_target(key: str, target: str) -> Any:
+    """The object a dotted path names (module.attr[.attr...]), importing the longest importable module prefix."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name and module_name.startswith(err.name):
+                continue  # this prefix is not a module: try a shorter one
+            raise TargetError(f"{key}={target}: importing {module_name} failed: {err}") from err
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            raise TargetError(f"{key}={target}: {module_name} has no {'.'.join(parts[cut:])}: check the name") from None
+        return obj
+    raise TargetError(f"{key}={target} can't be imported: run from the directory that holds "
+                      f"{parts[0]}.py (or {parts[0]}/), or install it (pip install -e .)")
+
+
+def instantiate(key: str, target: str, args: Any) -> Any:
+    """Hydra's instantiate of `target` with `args` (nested `_target_`s included), with our import errors."""
+    from hydra.utils import instantiate as hydra_instantiate
+
+    resolve_target(key, target)  # a clear error first; Hydra's would bury it in a chain
+    kwargs = OmegaConf.to_container(args, resolve=True) if OmegaConf.is_config(args) else dict(args or {})
+    return hydra_instantiate({"_target_": target, **kwargs}, _convert_="all")
+
+
+def is_ours(model_cfg: Any) -> bool:
+    return not model_cfg.get("_target_")
+
+
+def build_model(model_cfg: Any) -> nn.Module:
+    if is_ours(model_cfg):
+        from train.model import build_model as build_ours
+
+        return build_ours(model_cfg)
+    model = instantiate("model._target_", model_cfg._target_, model_cfg.args)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model._target_={model_cfg._target_} returned a {type(model).__name__}, not a torch "
+                        "nn.Module: point it at a function or class that builds the model")
+    return model
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
+    if logits is None:
+        raise TypeError(f"the model returned a {type(output).__name__}: it must return logits (a tensor, or an "
+                        "output with .logits)")
+    return logits  # type: ignore[no-any-return]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (tied weights once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def flops_per_token(model: nn.Module, model_cfg: Any, seq_len: int) -> tuple[float, str]:
+    """Training FLOPs per token and where the figure comes from."""
+    if is_ours(model_cfg):
+        from launcher.estimate import flops_per_token as ours
+
+        return ours(model_cfg, seq_len), "model"
+    own = getattr(model, "flops_per_token", None)
+    if callable(own):
+        return float(own(seq_len)), "model"
+    return 6.0 * count_parameters(model), "6 x parameters"
