@@ -177,7 +177,7 @@ def count_parameters(m: Any) -> int:
 # Keys added after run names were first derived from the config: they change the name only when set to something
 # other than their default, so that upgrading slurmtrain does not move existing runs to new directories (the same
 # command must keep resuming them). Add every new training key here, with its default.
-NAME_ONLY_IF_SET = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
+NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
                     "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
                     "data._target_": None, "data.args": {}}
 

@@ -83,3 +83,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _fail_without_slurm_in_ci(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("slurm_missing"):
         pytest.fail("CI must run the slurm tier but no SLURM cluster answers `scontrol ping`: run `make slurm-up`")
+
+
+EXAMPLE = ROOT / "examples" / "byo_project"
+
+
+def copy_example(dest: Path) -> Path:
+    """examples/byo_project as a user has it: an outside directory (shell-hostile path) with its own train.py,
+    model.py, data.py and conf/."""
+    project = dest / "my project's dir"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__", "outputs"))
+    return project
+
+
+@pytest.fixture(scope="module")
+def byo_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_example(tmp_path_factory.mktemp("byo"))

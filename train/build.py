@@ -45,7 +45,8 @@ def instantiate(key: str, target: str, args: Any) -> Any:
     from hydra.utils import instantiate as hydra_instantiate
 
     resolve_target(key, target)  # a clear error first; Hydra's would bury it in a chain
-    kwargs = OmegaConf.to_container(args, resolve=True) if OmegaConf.is_config(args) else dict(args or {})
+    kwargs: dict[str, Any] = dict(OmegaConf.to_container(args, resolve=True) if OmegaConf.is_config(args)  # type: ignore[arg-type]
+                                  else args or {})
     return hydra_instantiate({"_target_": target, **kwargs}, _convert_="all")
 
 

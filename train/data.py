@@ -91,8 +91,14 @@ def build_source(data_cfg: Any, vocab_size: int) -> TokenSource:
     if data_cfg.get("_target_"):
         from train.build import instantiate
 
-        return DatasetSource(instantiate("data._target_", data_cfg._target_, data_cfg.args), data_cfg.seed,
-                             data_cfg.shuffle)
+        source = DatasetSource(instantiate("data._target_", data_cfg._target_, data_cfg.args), data_cfg.seed,
+                               data_cfg.shuffle)
+        inputs, _ = split_sample(source.sample(0))
+        if inputs.dim() == 1 and not inputs.is_floating_point() and len(inputs) != data_cfg.seq_len:
+            # Tokens per step (throughput, MFU, the plan) are counted with data.seq_len: they must agree.
+            raise ValueError(f"data._target_={data_cfg._target_} gives samples of {len(inputs)} input tokens but "
+                             f"data.seq_len={data_cfg.seq_len}: set data.seq_len={len(inputs)}")
+        return source
     if data_cfg.name == "synthetic":
         return SyntheticTokens(vocab_size, data_cfg.seq_len, data_cfg.seed, data_cfg.signal)
     if data_cfg.name == "tokens":

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from train.checkpoint import CheckpointManager
 from train.build import build_model, flops_per_token, logits_of
+from train.checkpoint import CheckpointManager
 from train.data import IGNORE_INDEX, TokenSource, build_source, load_micro_batch, micro_batch_indices
 from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log

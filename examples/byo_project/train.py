@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from data import CharDataset
 from model import ConvLM
 

@@ -45,3 +45,30 @@ def train_several(rank: int, world: int, port: int, out_dir: str, runs: dict[str
             torch.save(result.losses, run_dir / f"losses_rank{rank}.pt")
     finally:
         distributed.destroy_process_group()
+
+
+def train_and_dump_full_model(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list[str]]) -> None:
+    """Train each run, then keep what an export must reproduce: the full weights (gathered from the shards) and
+    the trained model's logits on fixed tokens (computed by the wrapped model itself)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from train.build import logits_of
+
+    env = _join(rank, world, port)
+    try:
+        for name, overrides in runs.items():
+            cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1",
+                                       f"run.root={out_dir}", f"run.name={name}", *overrides])
+            run_dir = Path(out_dir) / name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            result = train(cfg, env, torch.device("cpu"), run_dir)
+            full = get_model_state_dict(result.model, options=StateDictOptions(full_state_dict=True,
+                                                                               cpu_offload=True))
+            tokens = torch.arange(2 * 16).reshape(2, 16) % cfg.model.vocab_size
+            with torch.no_grad():
+                logits = logits_of(result.model(tokens))
+            if rank == 0:
+                torch.save({"losses": result.losses, "state": full, "tokens": tokens, "logits": logits},
+                           run_dir / "reference.pt")
+    finally:
+        distributed.destroy_process_group()

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.optim import build_optimizer, build_scheduler, param_groups, peak_lr
 from train.blocks import prepare_blocks
+from train.optim import build_optimizer, build_scheduler, param_groups, peak_lr
 from train.strategies.base import Strategy
 
 # DeepSpeed's ZeRO calls torch collectives under their old names (all_gather_into_tensor,

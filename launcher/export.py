@@ -1,0 +1,84 @@
+"""python -m launcher.export RUN_DIR [--step N] --format safetensors|hf [--out PATH]
+
+Consolidates a run's checkpoint (the newest complete one, or --step N), written by any number of ranks with any
+strategy, into full weights on this machine's CPU: one safetensors file, or (model=hf_causal_lm) a Hugging Face
+directory that `from_pretrained` loads. Writes to RUN_DIR/export/ unless --out says where; never overwrites.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.errors import EXIT_BAD_INPUT, ConfigError
+from launcher.hf_config import HF_TARGET
+from train import ckpt_layout as layout
+
+
+def pick_checkpoint(run_dir: Path, step: int | None) -> layout.CheckpointDir:
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is not a directory: pass a run directory (RUN_ROOT/RUN_NAME)")
+    if step is None:
+        latest = layout.latest_complete_checkpoint(run_dir)
+        if latest is None:
+            raise ConfigError(f"{run_dir} has no complete checkpoint: train it first (or pass the run directory)")
+        return latest
+    chosen = layout.CheckpointDir(step, layout.step_dir(run_dir, step))
+    if not chosen.complete:
+        have = [c.step for c in layout.list_checkpoints(run_dir) if c.complete]
+        raise ConfigError(f"{run_dir} has no complete checkpoint at step {step}: pick one of {have or 'none'}")
+    return chosen
+
+
+def output_path(run_dir: Path, step: int, fmt: str, out: str | None) -> Path:
+    path = Path(out).expanduser() if out else run_dir / "export" / (
+        f"step_{step}.safetensors" if fmt == "safetensors" else f"hf_step_{step}")
+    if path.exists():
+        raise ConfigError(f"{path} exists: pass --out NEW_PATH, or remove it first (nothing is overwritten)")
+    return path.resolve()
+
+
+def check_format(cfg: DictConfig, fmt: str) -> None:
+    if fmt == "hf" and cfg.model.get("_target_") != HF_TARGET:
+        raise ConfigError(f"--format hf needs a model=hf_causal_lm run (this one is model={cfg.model.name}): use "
+                          "--format safetensors")
+
+
+def export(run_dir: Path, step: int | None, fmt: str, out: str | None) -> Path:
+    checkpoint = pick_checkpoint(run_dir, step)
+    cfg = OmegaConf.load(checkpoint.path / "config.yaml")
+    assert isinstance(cfg, DictConfig)
+    check_format(cfg, fmt)
+    path = output_path(run_dir, checkpoint.step, fmt, out)
+    from train import export as consolidate
+
+    state = consolidate.load_model_state(checkpoint.path)
+    if fmt == "safetensors":
+        consolidate.save_safetensors(state, path, {"step": str(checkpoint.step), "model": str(cfg.model.name)})
+    else:
+        consolidate.save_hf(state, cfg.model.config_path, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME)")
+    parser.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
+    parser.add_argument("--format", choices=("safetensors", "hf"), default="safetensors")
+    parser.add_argument("--out", default=None, help="where to write (default: RUN_DIR/export/...)")
+    args = parser.parse_args(argv)
+    try:
+        path = export(args.run_dir.expanduser().resolve(), args.step, args.format, args.out)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Launch-time checks of a user's model, data and config groups: exit code 2, one line naming the fix, nothing
+created (the plan asks the model in a child process; these run the real command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import launch
+
+PROJECT = ["--config-dir", "conf", "model=conv_lm", "data=chars"]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["model._target_=nowhere.Model"], "run from the directory that holds nowhere.py"),
+    (["model._target_=model.Nope"], "model has no Nope: check the name"),
+    (["data._target_=data.Missing"], "data has no Missing"),
+    (["+model.args.colour=red"], "does not take these arguments"),
+    (["model.block=Attention"], "names no module of this model: pick one of Conv1d, ConvBlock"),
+    (["model=hf_causal_lm"], "add model.config_path=PATH"),
+    (["model=hf_causal_lm", "model.config_path=nowhere.json"], "no such config file"),
+])
+def test_bad_model_or_data_fails_at_launch(byo_project: Path, tmp_path: Path, overrides: list[str],
+                                           expected: str) -> None:
+    out = launch(*PROJECT, *overrides, f"run.root={tmp_path}/runs", cwd=byo_project)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_without_blocks_fails_unless_told(byo_project: Path, tmp_path: Path) -> None:
+    (byo_project / "flat.py").write_text(
+        "from torch import nn\n"
+        "class Flat(nn.Module):\n"
+        "    def __init__(self, vocab_size):\n"
+        "        super().__init__()\n"
+        "        self.embed, self.head = nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size)\n"
+        "    def forward(self, x):\n"
+        "        return self.head(self.embed(x))\n")
+    (byo_project / "conf" / "model" / "flat.yaml").write_text(
+        "name: flat\n_target_: flat.Flat\nargs:\n  vocab_size: ${model.vocab_size}\n")
+    args = ["--config-dir", "conf", "model=flat", "data=chars", f"run.root={tmp_path}", "trainer.max_steps=2",
+            "logger.backend=none"]
+    out = launch(*args, cwd=byo_project)
+    assert out.returncode == 2 and "no repeated block found in Flat" in out.stderr and "model.block=" in out.stderr
+    assert not any(tmp_path.iterdir())
+    told = launch(*args, "model.block=none", cwd=byo_project)
+    assert told.returncode == 0, told.stderr[-2000:]
+
+
+def test_the_projects_own_groups_are_checked_against_the_schema(byo_project: Path, tmp_path: Path) -> None:
+    bad = byo_project / "conf" / "cluster" / "typo.yaml"
+    bad.write_text("name: typo\nnodes: 1\npartitoin: debug\n")
+    out = launch(*PROJECT, "+cluster=typo", "launcher.dry_run=true", f"run.root={tmp_path}", cwd=byo_project)
+    assert out.returncode == 2 and "partitoin" in out.stderr
+    plan = launch(*PROJECT, "+cluster=my_cluster", "launcher.dry_run=true", f"run.root={tmp_path}",
+                  cwd=byo_project)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    # The project's cluster and the parameters counted from the project's model.
+    assert "#SBATCH --partition=debug" in plan.stdout and "model 0.1M parameters" in plan.stdout + plan.stderr

@@ -1,0 +1,134 @@
+"""Bring-your-own models and data on the compute side: blocks found or named, any sample shape, any output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from train.blocks import BlockError, find_blocks, prepare_blocks
+from train.build import TargetError, build_model, logits_of, resolve_target
+from train.data import DatasetSource, load_micro_batch
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        # Two identical experts: a list inside each block, smaller than the list of blocks.
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.proj = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(x) + self.experts[0](x)
+
+
+class Stack(nn.Module):
+    """Blocks in an nn.Sequential under a nested name, beside a smaller list of identical heads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.trunk = nn.Module()
+        self.trunk.layers = nn.Sequential(*(Layer() for _ in range(3)))
+        self.heads = nn.ModuleList(nn.Linear(8, 16) for _ in range(2))
+
+    def forward(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.heads[0](self.trunk.layers(self.embed(tokens)))}
+
+
+class Flat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+
+
+def test_blocks_are_the_largest_list_of_one_class() -> None:
+    named = find_blocks(Stack(), None)
+    assert [name for name, _ in named] == ["trunk.layers.0", "trunk.layers.1", "trunk.layers.2"]
+
+
+def test_hugging_face_declared_blocks_win() -> None:
+    model = Stack()
+    model._no_split_modules = ["Linear"]  # type: ignore[assignment]
+    # Outermost Linear modules: four in each of the three layers and the two heads.
+    assert len(find_blocks(model, None)) == 14
+
+
+def test_a_named_block_and_the_errors_that_name_the_fix() -> None:
+    assert [n for n, _ in find_blocks(Stack(), "Linear")][-2:] == ["heads.0", "heads.1"]
+    assert find_blocks(Flat(), "none") == []
+    with pytest.raises(BlockError, match="model.block=ClassName"):
+        find_blocks(Flat(), None)
+    with pytest.raises(BlockError, match="pick one of Embedding, Linear"):
+        find_blocks(Flat(), "Nope")
+
+
+def test_checkpointing_wraps_nested_blocks_and_keeps_the_math() -> None:
+    torch.manual_seed(0)
+    model = Stack()
+    tokens = torch.randint(0, 16, (2, 5))
+    before = logits_of(model(tokens))
+    blocks = prepare_blocks(model, OmegaConf.create({"block": None}),
+                            OmegaConf.create({"activation_checkpointing": True, "compile": False}))
+    assert len(blocks) == 3 and all(type(b).__name__ == "CheckpointWrapper" for b in blocks)
+    assert model.trunk.layers[1] is blocks[1]
+    after = logits_of(model(tokens))
+    assert torch.equal(before, after)
+    # State-dict names are the model's own, with or without the wrapper.
+    assert "trunk.layers.0.proj.0.weight" in model.state_dict()
+
+
+def test_checkpointing_without_blocks_is_refused() -> None:
+    with pytest.raises(BlockError, match="model.block=ClassName"):
+        prepare_blocks(Flat(), OmegaConf.create({"block": "none"}),
+                       OmegaConf.create({"activation_checkpointing": True, "compile": False}))
+
+
+def test_targets_resolve_or_say_what_is_wrong() -> None:
+    assert resolve_target("model._target_", "torch.nn.Linear") is nn.Linear
+    with pytest.raises(TargetError, match="run from the directory that holds no_such_pkg.py"):
+        resolve_target("model._target_", "no_such_pkg.Model")
+    with pytest.raises(TargetError, match="torch.nn has no Nope"):
+        resolve_target("model._target_", "torch.nn.Nope")
+    model = build_model(OmegaConf.create({"_target_": "torch.nn.Linear", "args": {"in_features": 3,
+                                                                                 "out_features": 2}}))
+    assert isinstance(model, nn.Linear) and model.out_features == 2
+    with pytest.raises(TypeError, match="not a torch nn.Module"):
+        build_model(OmegaConf.create({"_target_": "builtins.dict", "args": {}}))
+
+
+class Pairs:
+    """(features, class) pairs: not a language model at all."""
+
+    def __len__(self) -> int:
+        return 5
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full((3,), float(i)), torch.tensor(i % 2)
+
+
+class Dicts:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        return {"input_ids": [i, i + 1, i + 2, i + 3], "labels": [-100, i + 1, i + 2, i + 3]}
+
+
+def test_dataset_items_of_any_shape_make_batches() -> None:
+    x, y = load_micro_batch(DatasetSource(Pairs(), seed=0, shuffle=False), range(6, 8))
+    assert x.shape == (2, 3) and x[0, 0] == 1.0 and y.tolist() == [1, 0]  # index 6 is item 1 (epoch 2)
+    x, y = load_micro_batch(DatasetSource(Dicts(), seed=0, shuffle=False), range(0, 2))
+    assert x.tolist() == [[0, 1, 2], [1, 2, 3]] and y.tolist() == [[1, 2, 3], [2, 3, 4]]
+
+
+def test_dataset_order_is_a_seeded_permutation_per_epoch() -> None:
+    source = DatasetSource(Pairs(), seed=3, shuffle=True)
+    epoch0 = [int(source.sample(i)[0][0]) for i in range(5)]
+    epoch1 = [int(source.sample(i)[0][0]) for i in range(5, 10)]
+    assert sorted(epoch0) == sorted(epoch1) == [0, 1, 2, 3, 4]
+    again = DatasetSource(Pairs(), seed=3, shuffle=True)
+    assert [int(again.sample(i)[0][0]) for i in range(5)] == epoch0
+    with pytest.raises(TypeError, match="map-style"):
+        DatasetSource(iter([1, 2]), seed=0, shuffle=False)

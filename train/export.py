@@ -1,0 +1,81 @@
+"""Consolidate a checkpoint (any world size, any strategy) into one set of full weights, on CPU, without a process
+group: a safetensors file, or a Hugging Face directory that `from_pretrained` loads. Run by launcher/export.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MODEL_PREFIX = "app.model."
+# Wrappers whose names may appear in saved keys: activation checkpointing's and torch.compile's.
+WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def _clean(key: str) -> str:
+    for part in WRAPPER_PARTS:
+        key = key.replace(part, "")
+    return key
+
+
+def load_dcp_model(path: Path) -> dict[str, torch.Tensor]:
+    """The model's full tensors from a DCP checkpoint, whatever the world size that wrote it (no optimizer)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    reader = FileSystemReader(str(path))
+    keys = [k for k in reader.read_metadata().state_dict_metadata if k.startswith(MODEL_PREFIX)]
+    loaded: dict[str, Any] = {}
+    _load_state_dict(loaded, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(keys=set(keys)), no_dist=True)
+    model = loaded["app"]["model"]
+    return {_clean(k): v for k, v in _flatten(model).items() if isinstance(v, torch.Tensor)}
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def load_deepspeed_model(step_dir: Path) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag="model_optim")
+    return {_clean(k): v for k, v in state.items()}
+
+
+def load_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
+    path = step_dir / "model_optim"
+    if (path / ".metadata").is_file():
+        return load_dcp_model(path)
+    return load_deepspeed_model(step_dir)
+
+
+def save_safetensors(state: dict[str, torch.Tensor], out: Path, metadata: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    # Tied weights come back as separate, equal tensors: each is stored (safetensors refuses shared storage).
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out), metadata=metadata)
+
+
+def save_hf(state: dict[str, torch.Tensor], config_path: str, out: Path) -> None:
+    """A directory `AutoModelForCausalLM.from_pretrained(out)` loads: the config and the weights."""
+    from train.hf import causal_lm
+
+    model = causal_lm(config_path)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied output weights may be saved under one name only; anything else missing is an error.
+    tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"the checkpoint does not match the config: missing {sorted(set(missing) - tied)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    model.save_pretrained(str(out), safe_serialization=True)  # type: ignore[operator]
