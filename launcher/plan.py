@@ -31,6 +31,7 @@ CHOICES = {
     "logger.backend": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),
     "precision.compute_dtype": ("float32", "bfloat16", "float16"),
+    "checkpoint.verify": ("size", "full"),
 }
 # Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
 # with more steps or another log interval resumes in the same directory.

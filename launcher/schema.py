@@ -154,6 +154,9 @@ class CheckpointConfig:
     keep_every: int = 0
     # Periodic saves write in the background (DCP async_save); the preemption and final saves are synchronous.
     async_save: bool = True
+    # Before resuming: check every file's size against the checkpoint's manifest ("size"), or also its CRC-32
+    # ("full"). A checkpoint that fails is moved to checkpoints/quarantine/ and the previous one is used.
+    verify: str = "size"
 
 
 @dataclass

@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from train import ckpt_layout as layout
+from train import ckpt_manifest as manifest
 from train.distributed import DistEnv
 from train.metrics import log
 
@@ -37,6 +38,8 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 # Fault injection for tests: "STEP" makes rank 0 SIGKILL itself after writing that step's shards, before its marker.
 TEST_KILL_ENV = "SLURMTRAIN_TEST_KILL_BEFORE_MARKER"
+# How long rank 0 waits for the other ranks' manifest pieces (their hashing runs in parallel with its own).
+MANIFEST_TIMEOUT_S = 600
 
 
 class ModelOptimState(Stateful):
@@ -114,17 +117,22 @@ class CheckpointManager:
         if self.strategy.checkpoint_format == "deepspeed":
             # DeepSpeed's own (collective, synchronous) save of its partitioned model and optimizer state.
             self.strategy.model.save_checkpoint(str(path), tag="model_optim", save_latest=False)
+            manifest.write_piece(path, self.env.rank)
             self._barrier()  # every rank's partition is on disk before rank 0 marks the checkpoint complete
             self._complete(state.step, path)
             return
         target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
         if blocking or not self.cfg.checkpoint.async_save:
             dcp.save(target, checkpoint_id=path / "model_optim", process_group=self.group)
+            manifest.write_piece(path, self.env.rank)
             self._complete(state.step, path)
         else:
             self.prepare_async()
             future = dcp.async_save(target, checkpoint_id=path / "model_optim", process_group=self.group,
                                     async_stager=self.stager)
+            rank = self.env.rank
+            # Hash this rank's files in the background once they are written; rank 0 waits for every piece.
+            future.add_done_callback(lambda f, p=path: f.exception() is None and manifest.write_piece(p, rank))
             self.pending = (state.step, future, path)  # type: ignore[assignment]
 
     def prepare_async(self) -> None:
@@ -155,6 +163,11 @@ class CheckpointManager:
         # on rank 0 all shards are on disk; the RNG files were written before the save started.
         if not self.env.is_main:
             return
+        missing = manifest.wait_for_pieces(path, self.env.world_size, MANIFEST_TIMEOUT_S)
+        if missing:
+            log.error("checkpoint step %d left incomplete: ranks %s wrote no manifest within %d s", step, missing,
+                      MANIFEST_TIMEOUT_S)
+            return
         if os.environ.get(TEST_KILL_ENV) == str(step):
             # Fault injection for tests: die the hard way at the worst moment, shards written, marker not yet.
             os.kill(os.getpid(), signal.SIGKILL)
@@ -183,13 +196,25 @@ class CheckpointManager:
             for c in layout.incomplete_checkpoints(self.run_dir):
                 log.warning("ignoring incomplete checkpoint %s (no %s marker: interrupted while saving)",
                             c.path, layout.MARKER)
-            latest = layout.latest_complete_checkpoint(self.run_dir)
+            latest = self._newest_trusted()
             choice = [None if latest is None else latest.step]
         if self.group is not None:
             dist.broadcast_object_list(choice, src=0, group=self.group)
         if choice[0] is None:
             return None
         return layout.CheckpointDir(choice[0], layout.step_dir(self.run_dir, choice[0]))
+
+    def _newest_trusted(self) -> layout.CheckpointDir | None:
+        """The newest complete checkpoint that passes verification; failed ones are moved aside, never deleted."""
+        full = self.cfg.checkpoint.verify == "full"
+        for candidate in reversed([c for c in layout.list_checkpoints(self.run_dir) if c.complete]):
+            problem = manifest.verify(candidate.path, full)
+            if problem is None:
+                return candidate
+            moved = manifest.quarantine(candidate.path)
+            log.error("checkpoint step %d is damaged (%s): moved to %s; resuming from the previous complete one",
+                      candidate.step, problem, moved)
+        return None
 
     def load(self, checkpoint: layout.CheckpointDir) -> dict[str, Any]:
         if self.strategy.checkpoint_format == "deepspeed":

@@ -60,3 +60,23 @@ def test_the_projects_own_groups_are_checked_against_the_schema(byo_project: Pat
     assert plan.returncode == 0, plan.stderr[-2000:]
     # The project's cluster and the parameters counted from the project's model.
     assert "#SBATCH --partition=debug" in plan.stdout and "model 0.1M parameters" in plan.stdout + plan.stderr
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_planned_without_an_estimate(byo_project: Path,
+                                                                                tmp_path: Path) -> None:
+    # Reading a tensor's value in __init__ fails on the meta device, not on the ranks' real one.
+    (byo_project / "odd.py").write_text(
+        "import torch\n"
+        "from model import ConvLM\n"
+        "class Odd(ConvLM):\n"
+        "    def __init__(self, vocab_size):\n"
+        "        super().__init__(vocab_size, dim=32, layers=2)\n"
+        "        self.scale = float(torch.ones(1).sum().item())\n")
+    out = launch(*PROJECT, "model._target_=odd.Odd", "~model.args.dim", "~model.args.layers", "~model.args.kernel",
+                 "~model.args.hidden", "local.nproc=1", "trainer.max_steps=3", "logger.backend=none",
+                 f"run.root={tmp_path}", "run.name=odd", cwd=byo_project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    plan = out.stdout + out.stderr
+    assert "memory not estimated: building the model on the meta device failed" in plan
+    assert "an unknown number of parameters" in plan
+    assert (tmp_path / "odd" / "checkpoints" / "step_3" / "COMPLETE").is_file()
