@@ -35,7 +35,7 @@ CHOICES = {
 }
 # Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
 # with more steps or another log interval resumes in the same directory.
-NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile",
+NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile", "watchdog",
                  "trainer.max_steps",
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every",
                  # Derived from the global batch and the world size: a run may resume on another world size.

@@ -211,6 +211,20 @@ class TelemetryConfig:
 
 
 @dataclass
+class WatchdogConfig:
+    # A thread on every rank (train/watchdog.py): a section that overruns its timeout dumps every thread's stack
+    # into RUN_DIR/hangs/ and ends the rank, instead of a dead collective burning the allocation.
+    enabled: bool = True
+    # Process start through the end of the first step (imports, rendezvous, checkpoint load, compile).
+    startup_timeout_s: float = 1800.0
+    # None: learned, factor x the longest seen so far (at least min_timeout_s), kept for the next attempt.
+    step_timeout_s: float | None = None
+    checkpoint_timeout_s: float | None = None
+    factor: float = 5.0
+    min_timeout_s: float = 300.0
+
+
+@dataclass
 class ProfileConfig:
     # `+profile=default`: torch.profiler on these ranks with a wait / warmup / active schedule (in steps).
     ranks: list[int] = field(default_factory=lambda: [0])
@@ -271,6 +285,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     cluster: ClusterConfig | None = None
     profile: ProfileConfig | None = None
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher import accounting
+from launcher import accounting, events
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.sweepdir import Sweep, is_sweep_dir, load_sweep
 from train import ckpt_layout
@@ -58,6 +58,9 @@ class Row:
     gpu_hours: float | None
     cpu_hours: float | None
     cost: float | None
+    # How the attempts ended (RUN_DIR/events.jsonl: finished, preempted, crashed, hung, ...) and the goodput.
+    events: dict[str, int] = field(default_factory=dict)
+    goodput: float | None = None
 
 
 # ---- reading run directories (report.py reads through these too) ----
@@ -189,6 +192,8 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
         loss=_number(last.get("loss")), tokens_per_s=_number(last.get("tokens_per_s")),
         gpu_hours=None, cpu_hours=None, cost=None,
     )
+    attempt_ends = events.read_events(run.run_dir)
+    row.events, row.goodput = events.counts(attempt_ends), events.goodput(attempt_ends, metrics)
     if not run.jobs:
         row.state = local_state(latest, max_steps, bool(metrics))
         return row
@@ -248,7 +253,7 @@ def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
     out = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                 padding=(0, 1, 0, 0))
     out.add_column("run", min_width=8)
-    for header in ("job", "state", "step", "ckpt", "requeues", "loss", "tokens/s"):
+    for header in ("job", "state", "step", "ckpt", "requeues", "ends", "goodput", "loss", "tokens/s"):
         out.add_column(header, justify="left" if header in ("job", "state") else "right", no_wrap=True)
     for unit, _ in hour_units:
         out.add_column(unit, justify="right", no_wrap=True)
@@ -256,13 +261,16 @@ def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
         out.add_column("cost", justify="right", no_wrap=True)
     for row in rows:
         step = "-" if row.step is None else f"{row.step}/{row.max_steps if row.max_steps is not None else '?'}"
-        cells = [row.name, row.job, row.state, step, _fmt(row.checkpoint_step, "d"), _fmt(row.requeues, "d"),
-                 _fmt(row.loss, ".4f"), _fmt(row.tokens_per_s, ",.0f")]
+        ends = ", ".join(f"{n} {kind}" for kind, n in sorted(row.events.items())) or "-"
+        cells = [row.name, row.job, row.state, step, _fmt(row.checkpoint_step, "d"), _fmt(row.requeues, "d"), ends,
+                 "-" if row.goodput is None else f"{row.goodput:.0%}", _fmt(row.loss, ".4f"),
+                 _fmt(row.tokens_per_s, ",.0f")]
         cells += [_fmt(getattr(row, key), ".2f") for _, key in hour_units]
         out.add_row(*cells, *([_fmt(row.cost, ",.2f")] if show_cost else []))
     if summary is not None:
         states = ", ".join(f"{n} {state}" for state, n in sorted(summary["states"].items()))
-        cells = [f"total ({summary['runs']} runs)", "", states, "", "", _fmt(summary["requeues"], ".0f"), "", ""]
+        cells = [f"total ({summary['runs']} runs)", "", states, "", "", _fmt(summary["requeues"], ".0f"), "", "", "",
+                 ""]
         cells += [_fmt(summary[key], ".2f") for _, key in hour_units]
         out.add_row(*cells, *([_fmt(summary["cost"], ",.2f")] if show_cost else []), style="bold", end_section=True)
     return out

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from launcher.errors import ConfigError
+
 NO_BLOCKS = "none"
 
 
-class BlockError(ValueError):
+class BlockError(ConfigError):
     """The block class can't be found or the named one does not exist; the message names the fix."""
 
 

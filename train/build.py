@@ -14,8 +14,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from launcher.errors import ConfigError
 
-class TargetError(ImportError):
+
+class TargetError(ConfigError):
     """A `_target_` that can't be imported; the message names the fix."""
 
 

@@ -89,6 +89,7 @@ class DatasetSource:
 
 def build_source(data_cfg: Any, vocab_size: int) -> TokenSource:
     if data_cfg.get("_target_"):
+        from launcher.errors import ConfigError
         from train.build import instantiate
 
         source = DatasetSource(instantiate("data._target_", data_cfg._target_, data_cfg.args), data_cfg.seed,
@@ -96,7 +97,7 @@ def build_source(data_cfg: Any, vocab_size: int) -> TokenSource:
         inputs, _ = split_sample(source.sample(0))
         if inputs.dim() == 1 and not inputs.is_floating_point() and len(inputs) != data_cfg.seq_len:
             # Tokens per step (throughput, MFU, the plan) are counted with data.seq_len: they must agree.
-            raise ValueError(f"data._target_={data_cfg._target_} gives samples of {len(inputs)} input tokens but "
+            raise ConfigError(f"data._target_={data_cfg._target_} gives samples of {len(inputs)} input tokens but "
                              f"data.seq_len={data_cfg.seq_len}: set data.seq_len={len(inputs)}")
         return source
     if data_cfg.name == "synthetic":

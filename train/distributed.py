@@ -108,6 +108,14 @@ def init_process_group(env: DistEnv, backend: str, timeout_s: int = 600) -> None
     )
 
 
+def set_collective_timeout(timeout_s: float) -> None:
+    """Shorten (or lengthen) the default group's collective timeout after start-up: long while ranks load and
+    compile, short once steps run. A backstop behind the watchdog; torch's private setter, where it exists."""
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None and dist.is_initialized() and dist.get_world_size() > 1:
+        setter(timedelta(seconds=timeout_s), None)
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ def check_launch(environ: dict[str, str]) -> None:
 
 
 def run(config_path: str | Path) -> int:
+    started = time.time()
     check_launch(dict(os.environ))
     cfg = load_config(config_path)
     from train.signals import StopFlag, preempt_signal
@@ -43,10 +45,13 @@ def run(config_path: str | Path) -> int:
     flag = StopFlag(preempt_signal(cfg))
     import torch
 
+    from launcher.errors import EXIT_BAD_INPUT, ConfigError
     from train import distributed
     from train.loop import train
     from train.metrics import log, setup_logging
     from train.preemption import RequeueLimitReached, requeue
+    from train.recovery import end_of_attempt, recover
+    from train.watchdog import Watchdog
 
     run_dir = Path(config_path).resolve().parent
     env = distributed.detect()
@@ -57,24 +62,42 @@ def run(config_path: str | Path) -> int:
         torch.use_deterministic_algorithms(True, warn_only=True)
     backend = distributed.pick_backend(cfg.local.backend if env.launcher == "local" else _cluster_backend(cfg))
     device = distributed.device_for(env, backend)
-    distributed.init_process_group(env, backend)
-    # Every rank says where it runs: the first thing to read when a multi-node job hangs.
-    log.info("joined via %s: backend %s, device %s, master %s:%d, pid %d", env.launcher, backend, device,
-             env.master_addr, env.master_port, os.getpid())
-    hosts = distributed.gather_hosts(env)
-    if env.is_main:
-        log.info("world of %d ranks on %d host(s): %s", env.world_size, len(set(hosts)), ", ".join(hosts))
+
+    def on_hang(section: str, elapsed: float, step: int) -> None:
+        recover(cfg, run_dir, "hung", step, None, started=started, is_main=env.is_main)
+
+    watchdog = Watchdog(cfg, env.rank, env.world_size, run_dir, on_hang)
     try:
-        result = train(cfg, env, device, run_dir, flag, hosts)
+        distributed.init_process_group(env, backend, timeout_s=int(cfg.watchdog.startup_timeout_s))
+        # Every rank says where it runs: the first thing to read when a multi-node job hangs.
+        log.info("joined via %s: backend %s, device %s, master %s:%d, pid %d", env.launcher, backend, device,
+                 env.master_addr, env.master_port, os.getpid())
+        hosts = distributed.gather_hosts(env)
+        if env.is_main:
+            log.info("world of %d ranks on %d host(s): %s", env.world_size, len(set(hosts)), ", ".join(hosts))
+        result = train(cfg, env, device, run_dir, flag, hosts, watchdog)
     except RequeueLimitReached as err:
         log.error("%s", err)
         raise
-    except BaseException:
+    except ConfigError as err:
+        # Bad input that only shows on the ranks (a dataset, a model): one line, exit 2, never retried.
+        log.error("error: %s", err)
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BaseException as err:
+        if watchdog.fired:
+            watchdog.let_it_finish()  # a hang, being handled: the collective failed because a peer already left
         log.exception("training failed")
+        if not isinstance(err, KeyboardInterrupt):
+            recover(cfg, run_dir, "crashed", watchdog.last_step, env.node, err, started=started,
+                    is_main=env.is_main)
         raise
     finally:
+        watchdog.close()
         distributed.destroy_process_group()
         flag.close()
+    if env.is_main:
+        end_of_attempt(run_dir, result.outcome, result.state.step, started)
     if result.outcome.requeue_job:
         requeue(result.outcome.requeue_job)  # last: it ends this attempt
     return result.outcome.exit_code

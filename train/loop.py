@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from train import distributed
 from train.build import build_model, flops_per_token, logits_of
 from train.checkpoint import CheckpointManager
 from train.data import IGNORE_INDEX, TokenSource, build_source, load_micro_batch, micro_batch_indices
@@ -23,6 +24,7 @@ from train.signals import StopFlag, preempt_signal
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
 from train.telemetry import NO_TIMING, StepTimer, Telemetry
+from train.watchdog import Watchdog
 
 
 @dataclass
@@ -103,12 +105,14 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
 
 
 def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: StopFlag | None = None,
-          hosts: list[str] | None = None) -> TrainResult:
+          hosts: list[str] | None = None, watchdog: Watchdog | None = None) -> TrainResult:
     """Train to cfg.trainer.max_steps, resuming if a checkpoint exists. `flag` is installed by entry.py at
     start-up so that an early signal is not lost; tests calling train() directly get one here. `hosts`: every
     rank's node name (entry.py gathers them; gathered here when not given)."""
     t = cfg.trainer
     flag = flag or StopFlag(preempt_signal(cfg))
+    own_watchdog = watchdog is None
+    watchdog = watchdog or Watchdog(cfg, env.rank, env.world_size, run_dir)
     # Same seed on every rank for the initial weights; DDP also broadcasts them, FSDP needs them equal.
     seed_everything(t.seed)
     strategy = build_strategy(cfg, env, device)
@@ -144,6 +148,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     outcome = StopOutcome(0, None)
     try:
         while state.step < t.max_steps:
+            watchdog.step_started(state.step + 1)
             lr = strategy.current_lr()
             telemetry.begin_step()
             loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer)
@@ -158,26 +163,39 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 metrics.log(state.step, state.tokens, telemetry.collect(state.step, strategy), loss=logged, lr=lr,
                             grad_norm=grad_norm)
             metrics.tick(state.step, logged)
+            stop = state.step < t.max_steps and watcher.stop_requested(state.step)
+            watchdog.step_finished(state.step)
+            if state.step == 1:
+                # Well behind the watchdog, so that a hang ends in stack dumps rather than a collective's error.
+                distributed.set_collective_timeout(1.5 * max(watchdog.timeout("step"), watchdog.timeout("checkpoint"))
+                                                   + 60)
             if state.step >= t.max_steps:
                 break
-            if watcher.stop_requested(state.step):
-                ckpt.save(state, blocking=True)
+            if stop:
+                with watchdog.section("checkpoint"):
+                    ckpt.save(state, blocking=True)
                 outcome = after_stop(env, cfg, state.step, watcher.agreed)
                 break
             if t.ckpt_every and state.step % t.ckpt_every == 0:
-                ckpt.save(state, blocking=False)
+                with watchdog.section("checkpoint"):
+                    ckpt.save(state, blocking=False)
+                watchdog.save_state()
             ckpt.poll()
         else:
             if env.is_main:
                 log.info("nothing to do: already at step %d of %d", state.step, t.max_steps)
         if state.step >= t.max_steps:
-            ckpt.save(state, blocking=True)
+            with watchdog.section("checkpoint"):
+                ckpt.save(state, blocking=True)
             if env.is_main:
                 log.info("finished at step %d (%d tokens)", state.step, state.tokens)
         ckpt.close()
+        watchdog.save_state()
     finally:
         telemetry.close()
         metrics.close()
+        if own_watchdog:
+            watchdog.close()
     return TrainResult(state, model, losses, outcome)
 
 

@@ -2,7 +2,7 @@
 # Tear down the local SLURM test cluster started by scripts/slurm/up.sh.
 #
 # Stops, via the pid files in the state dir, only daemons that up.sh started:
-# slurmctld, slurmd n1/n2, slurmdbd, the private mariadbd, and munged if (and
+# slurmctld, slurmd n1/n2/n3, slurmdbd, the private mariadbd, and munged if (and
 # only if) up.sh had to start it. Idempotent: nothing running -> exit 0.
 # State (configs, accounting DB, logs) is kept, so the next up.sh is fast and
 # sacct history survives; `rm -rf` the state dir for a truly fresh cluster.
@@ -81,6 +81,7 @@ fi
 stop slurmctld "$RUN/slurmctld.pid" slurmctld
 stop "slurmd n1" "$RUN/slurmd-n1.pid" slurmd
 stop "slurmd n2" "$RUN/slurmd-n2.pid" slurmd
+stop "slurmd n3" "$RUN/slurmd-n3.pid" slurmd
 stop slurmdbd "$RUN/slurmdbd.pid" slurmdbd
 stop mariadb "$STATE/mysql/mysqld.pid" mariadbd
 if [[ -e $RUN/munged.started-by-up ]]; then

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Bring up a real, single-host SLURM test cluster for the `slurm` test tier:
-#   munged -> private mariadbd -> slurmdbd -> slurmctld -> slurmd n1 + slurmd n2
+#   munged -> private mariadbd -> slurmdbd -> slurmctld -> slurmd n1 + n2 + n3
 #
 # Idempotent: every daemon that is already running (checked through its pid
 # file) is left alone, so re-running on a live cluster just re-checks it and
 # exits 0. All state (configs, spool, logs, pids, the MariaDB datadir) lives in
 # $SLURMTRAIN_SLURM_DIR (default /var/tmp/slurmtrain-slurm); the only files
 # written outside it are /etc/slurm/slurm.conf (a symlink, so clients work
-# without SLURM_CONF), an /etc/hosts line for n1/n2, and munge's usual paths.
+# without SLURM_CONF), /etc/hosts lines for n1/n2/n3, and munge's usual paths.
 #
 # Readiness is always a bounded poll (SLURMTRAIN_SLURM_TIMEOUT seconds per
 # step, default 60); on failure the tail of the relevant log is printed.
@@ -21,8 +21,8 @@ TIMEOUT=${SLURMTRAIN_SLURM_TIMEOUT:-60}
 CTLD_PORT=16817
 DBD_PORT=16819
 DB_PORT=16306
-NODES=(n1 n2)
-declare -A NODE_PORT=([n1]=17001 [n2]=17002)
+NODES=(n1 n2 n3)
+declare -A NODE_PORT=([n1]=17001 [n2]=17002 [n3]=17003)
 
 ETC=$STATE/etc
 RUN=$STATE/run
@@ -93,6 +93,7 @@ render() {
       -e "s|@DB_PASS@|$DB_PASS|g" \
       -e "s|@N1_PORT@|${NODE_PORT[n1]}|g" \
       -e "s|@N2_PORT@|${NODE_PORT[n2]}|g" \
+      -e "s|@N3_PORT@|${NODE_PORT[n3]}|g" \
       -e "s|@CPUS@|$CPUS|g" \
       -e "s|@MEM_MB@|$MEM_MB|g" \
       "$1" > "$tmp"
@@ -154,10 +155,11 @@ ln -sfn "$ETC/slurm.conf" /etc/slurm/slurm.conf
 
 # The emulated node names must resolve (slurmd -N n1 looks itself up).
 # Append rather than rewrite: /etc/hosts is often a bind mount.
-if ! grep -Eq '^[[:space:]]*127\.0\.0\.1([[:space:]].*)?[[:space:]]n1([[:space:]]|$)' /etc/hosts ||
-   ! grep -Eq '^[[:space:]]*127\.0\.0\.1([[:space:]].*)?[[:space:]]n2([[:space:]]|$)' /etc/hosts; then
-  echo '127.0.0.1 n1 n2' >> /etc/hosts
-fi
+for n in "${NODES[@]}"; do
+  if ! grep -Eq "^[[:space:]]*127\.0\.0\.1([[:space:]].*)?[[:space:]]$n([[:space:]]|\$)" /etc/hosts; then
+    echo "127.0.0.1 $n" >> /etc/hosts
+  fi
+done
 
 # -------------------------------------------------------------------- munge
 munge_ok() { munge -n | unmunge; }
@@ -247,8 +249,12 @@ ctld_ok() { scontrol ping | grep -q 'is UP'; }
 if pid_alive "$RUN/slurmctld.pid" slurmctld; then
   log "slurmctld already running"
   if [[ $CHANGED == 1 ]]; then
-    log "config changed: scontrol reconfigure"
-    scontrol reconfigure
+    # A restart, not `scontrol reconfigure`: older slurmctlds can't add nodes (the third node) on reconfigure.
+    log "config changed: restarting slurmctld"
+    scontrol shutdown slurmctld >/dev/null 2>&1 || true
+    for _ in $(seq 100); do pid_alive "$RUN/slurmctld.pid" slurmctld || break; sleep 0.1; done
+    slurmctld -i
+    wait_for "slurmctld" "$LOG/slurmctld.log" "$RUN/slurmctld.pid" slurmctld -- ctld_ok
   fi
 else
   # -i: a damaged state file from an earlier crash shouldn't block the tests.

@@ -1,0 +1,60 @@
+"""RUN_DIR/events.jsonl: one line per attempt's end, and the figures derived from it. Pure stdlib (login side).
+
+    {"time": epoch, "kind": "finished" | "preempted" | "stopped" | "crashed" | "hung" | "limit_reached",
+     "attempt": SLURM_RESTART_COUNT, "job": id, "host": name, "step": N, "steps_lost": K, ...}
+
+Goodput is the share of the attempts' wall time spent on steps that counted: the steps of the run (each once)
+times their median duration, over the summed duration of every attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+UNEXPECTED = ("crashed", "hung")
+
+
+def record_event(run_dir: Path, kind: str, **fields: Any) -> None:
+    line = json.dumps({"time": time.time(), "kind": kind, **fields}) + "\n"
+    with open(Path(run_dir) / EVENTS_FILE, "a") as f:  # one short append per line: atomic on local and NFS
+        f.write(line)
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a crash
+    return events
+
+
+def unexpected_failures(run_dir: Path) -> int:
+    return sum(1 for e in read_events(run_dir) if e.get("kind") in UNEXPECTED)
+
+
+def counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in events:
+        out[e["kind"]] = out.get(e["kind"], 0) + 1
+    return out
+
+
+def goodput(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> float | None:
+    """Useful step time over the attempts' total time; None without timed attempts or step times."""
+    spent = sum(float(e["ended"]) - float(e["started"]) for e in events
+                if e.get("started") is not None and e.get("ended") is not None)
+    times = [float(m["step_time_s"]) for m in metrics if m.get("step_time_s")]
+    steps = max((int(m["step"]) for m in metrics), default=0)
+    if spent <= 0 or not times or not steps:
+        return None
+    return min(1.0, steps * median(times) / spent)

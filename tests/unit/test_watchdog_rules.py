@@ -1,0 +1,47 @@
+"""Watchdog timeouts: configured, or learned from the durations seen (kept across attempts); events and goodput."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from launcher.events import counts, goodput, record_event, read_events, unexpected_failures
+from launcher.schema import WatchdogConfig
+from train.watchdog import MIN_OBSERVATIONS, Watchdog
+
+
+def _cfg(**overrides: object) -> object:
+    node = OmegaConf.structured(WatchdogConfig)
+    node.enabled = False  # no thread: the rules only
+    for key, value in overrides.items():
+        node[key] = value
+    return OmegaConf.create({"watchdog": node})
+
+
+def test_timeouts_are_configured_or_learned_and_kept_for_the_next_attempt(tmp_path: Path) -> None:
+    dog = Watchdog(_cfg(startup_timeout_s=100.0, factor=4.0, min_timeout_s=2.0), 0, 1, tmp_path)
+    assert dog.timeout("step") == 100.0  # nothing seen yet: the start-up timeout
+    for seconds in (0.5, 1.5, 1.0)[:MIN_OBSERVATIONS]:
+        dog.longest["step"] = max(dog.longest.get("step", 0.0), seconds)
+        dog.seen["step"] = dog.seen.get("step", 0) + 1
+    assert dog.timeout("step") == 6.0  # 4 x the longest step
+    dog.enabled = True
+    dog.save_state()
+    again = Watchdog(_cfg(startup_timeout_s=100.0, factor=4.0, min_timeout_s=10.0), 0, 1, tmp_path)
+    assert again.timeout("step") == 10.0  # learned 6 s, but never under the minimum
+    fixed = Watchdog(_cfg(step_timeout_s=42.0), 0, 1, tmp_path)
+    assert fixed.timeout("step") == 42.0
+
+
+def test_events_count_failures_and_goodput_is_useful_step_time_over_attempt_time(tmp_path: Path) -> None:
+    record_event(tmp_path, "preempted", started=0.0, ended=10.0)
+    record_event(tmp_path, "crashed", started=20.0, ended=30.0)
+    record_event(tmp_path, "hung", started=40.0, ended=60.0)
+    record_event(tmp_path, "finished", started=70.0, ended=80.0)
+    events = read_events(tmp_path)
+    assert counts(events) == {"preempted": 1, "crashed": 1, "hung": 1, "finished": 1}
+    assert unexpected_failures(tmp_path) == 2
+    metrics = [{"step": s, "step_time_s": 0.5} for s in range(1, 41)]
+    assert goodput(events, metrics) == 40 * 0.5 / 50  # 20 s of counted steps in 50 s of attempts
+    assert goodput([], metrics) is None

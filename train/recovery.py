@@ -1,0 +1,141 @@
+"""Unexpected failures under SLURM: record how the attempt ended, then requeue the job within the failure budget.
+
+A rank that raises (or whose watchdog fires) claims the attempt's recovery with an exclusive file, so that one
+rank acts even though every rank fails soon after. Within `cluster.max_failures` it holds the job in the queue
+(`scontrol requeuehold`), leaves out the failed host when the partition has nodes to spare (`ExcNodeList`),
+and releases it: the job starts again from the newest complete checkpoint. Configuration errors (exit code 2)
+never come here. RUN_DIR/events.jsonl gets one line per attempt's end (launcher/events.py reads it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.events import record_event, unexpected_failures
+from train import ckpt_layout as layout
+from train.metrics import log
+from train.preemption import slurm_job_id
+
+# A rank whose error is only that a peer went away waits this long for the rank that failed first to claim.
+SECONDARY_WAIT_S = 10.0
+_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "DistBackendError", "Broken pipe",
+              "NCCL communicator was aborted", "Socket Timeout")
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def attempt() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
+def is_secondary(err: BaseException) -> bool:
+    text = f"{type(err).__name__}: {err}"
+    return any(marker in text for marker in _SECONDARY)
+
+
+def _claim(run_dir: Path, job: str) -> bool:
+    path = Path(run_dir) / f".recovery-{job}-{attempt()}"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+    os.close(fd)
+    return True
+
+
+def steps_lost(run_dir: Path, step: int) -> int:
+    latest = layout.latest_complete_checkpoint(run_dir)
+    return max(0, step - (latest.step if latest is not None else 0))
+
+
+def _scontrol(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def _excluded_now(job: str) -> list[str]:
+    out = _scontrol("show", "job", job).stdout
+    for word in out.split():
+        if word.startswith("ExcNodeList=") and word != "ExcNodeList=(null)":
+            expanded = _scontrol("show", "hostnames", word.split("=", 1)[1]).stdout.split()
+            return expanded
+    return []
+
+
+def usable_nodes(partition: str | None) -> list[str]:
+    args = ["sinfo", "-h", "-N", "-o", "%N %t"] + (["-p", partition] if partition else [])
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False).stdout
+    bad = ("down", "drain", "fail", "maint", "unk", "inval")
+    return sorted({n for n, state in (line.split()[:2] for line in out.splitlines() if line.strip())
+                   if not any(state.startswith(b) for b in bad)})
+
+
+def exclusion(cfg: Any, job: str, host: str | None) -> list[str]:
+    """The hosts to leave out of the requeued job: those left out before plus `host`, while enough remain."""
+    before = _excluded_now(job)
+    if host is None:
+        return before
+    wanted = sorted(set(before) | {host})
+    remaining = [n for n in usable_nodes(cfg.cluster.partition) if n not in wanted]
+    if len(remaining) < int(cfg.cluster.nodes):
+        log.warning("not leaving out %s: the partition has no node to spare for %d node(s)", host, cfg.cluster.nodes)
+        return before
+    return wanted
+
+
+def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> None:
+    """Rank 0, after an attempt that ended on its own terms: finished, or stopped by a signal."""
+    from launcher.errors import EXIT_STOPPED
+
+    kind = "preempted" if outcome.requeue_job else "stopped" if outcome.exit_code == EXIT_STOPPED else "finished"
+    record_event(run_dir, kind, attempt=attempt(), job=slurm_job_id(), host=node_name(), step=step,
+                 steps_lost=0, started=started, ended=time.time())
+
+
+def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err: BaseException | None = None,
+            *, started: float, is_main: bool) -> None:
+    """Called by a failing rank. Under SLURM: record and requeue (one rank acts); `host` is the failed rank's
+    host (left out when possible), or None when the culprit is unknown (a hang). Locally: rank 0 records."""
+    job = slurm_job_id()
+    if job is None or cfg.cluster is None:
+        if is_main:
+            record_event(run_dir, kind, attempt=0, job=None, host=host or node_name(), step=step,
+                         steps_lost=steps_lost(run_dir, step), started=started, ended=time.time())
+        return
+    if err is not None and is_secondary(err):
+        deadline = time.monotonic() + SECONDARY_WAIT_S
+        while time.monotonic() < deadline:
+            if (Path(run_dir) / f".recovery-{job}-{attempt()}").exists():
+                return  # the rank that failed first handles it
+            time.sleep(0.2)
+        host = None  # nobody claimed: this rank only saw a peer vanish; don't blame its own host
+    if not _claim(run_dir, job):
+        return
+    lost = steps_lost(run_dir, step)
+    budget = int(cfg.cluster.max_failures)
+    failed = unexpected_failures(run_dir) + 1
+    record_event(run_dir, kind, attempt=attempt(), job=job, host=host or node_name(), step=step,
+                 steps_lost=lost, started=started, ended=time.time(),
+                 error=None if err is None else f"{type(err).__name__}: {err}"[:500])
+    if failed > budget:
+        log.error("failure %d of this run and cluster.max_failures=%d: not requeueing. Fix the cause (see the logs "
+                  "and events.jsonl), then run the same command to resume from the last checkpoint", failed, budget)
+        record_event(run_dir, "limit_reached", attempt=attempt(), job=job, step=step, steps_lost=0)
+        return
+    leave_out = exclusion(cfg, job, host)
+    log.error("%s at step %d (failure %d of at most %d): requeueing job %s from the newest complete checkpoint%s",
+              kind, step, failed, budget, job, f" without {','.join(leave_out)}" if leave_out else "")
+    held = _scontrol("requeuehold", job)
+    if held.returncode != 0:
+        log.error("scontrol requeuehold %s failed: %s", job, held.stderr.strip())
+        return
+    if leave_out:
+        _scontrol("update", f"JobId={job}", f"ExcNodeList={','.join(leave_out)}")
+    _scontrol("release", job)
