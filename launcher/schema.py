@@ -263,6 +263,9 @@ class ClusterConfig:
     # srun starts one task per rank. torchrun under srun is refused: its agent dies on the preemption signal.
     launch: str = "srun"
     max_requeues: int = 3
+    # Unexpected failures (a crashed rank, a hang) requeue the job this many times over the run's life; the
+    # failed host is left out when the partition has nodes to spare. Configuration errors are never retried.
+    max_failures: int = 3
     # `-m` sweeps: at most this many array tasks run at once (sbatch --array=0-N%THIS).
     array_parallelism: int = 256
     price_per_gpu_hour: float | None = None

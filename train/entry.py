@@ -83,7 +83,8 @@ def run(config_path: str | Path) -> int:
         # Bad input that only shows on the ranks (a dataset, a model): one line, exit 2, never retried.
         log.error("error: %s", err)
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        # An exit, not a return value: submitit would report a returned code as a completed job.
+        raise SystemExit(EXIT_BAD_INPUT) from None
     except BaseException as err:
         if watchdog.fired:
             watchdog.let_it_finish()  # a hang, being handled: the collective failed because a peer already left

@@ -1,9 +1,9 @@
 """Unexpected failures under SLURM: record how the attempt ended, then requeue the job within the failure budget.
 
 A rank that raises (or whose watchdog fires) claims the attempt's recovery with an exclusive file, so that one
-rank acts even though every rank fails soon after. Within `cluster.max_failures` it holds the job in the queue
-(`scontrol requeuehold`), leaves out the failed host when the partition has nodes to spare (`ExcNodeList`),
-and releases it: the job starts again from the newest complete checkpoint. Configuration errors (exit code 2)
+rank acts even though every rank fails soon after. Within `cluster.max_failures` it requeues the job, which starts
+again from the newest complete checkpoint, leaving out the failed host when the partition has nodes to spare
+(`ExcNodeList`, set by a detached helper once the job is pending again). Configuration errors (exit code 2)
 never come here. RUN_DIR/events.jsonl gets one line per attempt's end (launcher/events.py reads it).
 """
 
@@ -132,10 +132,32 @@ def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err
     leave_out = exclusion(cfg, job, host)
     log.error("%s at step %d (failure %d of at most %d): requeueing job %s from the newest complete checkpoint%s",
               kind, step, failed, budget, job, f" without {','.join(leave_out)}" if leave_out else "")
-    held = _scontrol("requeuehold", job)
-    if held.returncode != 0:
-        log.error("scontrol requeuehold %s failed: %s", job, held.stderr.strip())
-        return
     if leave_out:
-        _scontrol("update", f"JobId={job}", f"ExcNodeList={','.join(leave_out)}")
-    _scontrol("release", job)
+        exclude_when_pending(run_dir, job, leave_out)
+    out = _scontrol("requeue", job)
+    if out.returncode != 0:
+        log.error("scontrol requeue %s failed: %s", job, out.stderr.strip())
+
+
+# SLURM changes a job's excluded nodes only while it is pending, and a requeue kills everything in the job, this
+# process included, before the job is pending again. So a detached shell (its own session, deaf to the job's
+# TERM and HUP) waits for the requeued job to be pending and sets ExcNodeList before its begin time comes. Where
+# the cluster's process tracking reaps it anyway (cgroups), the job still restarts, only without the exclusion.
+_EXCLUDE_SCRIPT = """trap '' TERM HUP
+for _ in $(seq 600); do
+  state=$(squeue -h -j "$1" -o %T 2>/dev/null)
+  if [ "$state" = PENDING ]; then
+    scontrol update JobId="$1" ExcNodeList="$2" && echo "left out $2 of job $1" && exit 0
+  fi
+  sleep 0.5
+done
+echo "job $1 never came back to pending: ExcNodeList not set" >&2
+exit 1
+"""
+
+
+def exclude_when_pending(run_dir: Path, job: str, hosts: list[str]) -> None:
+    log_path = Path(run_dir) / f"exclude-{job}-{attempt()}.log"
+    with open(log_path, "ab") as out:
+        subprocess.Popen(["setsid", "bash", "-c", _EXCLUDE_SCRIPT, "exclude", job, ",".join(hosts)],
+                         stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, close_fds=True)

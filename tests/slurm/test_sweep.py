@@ -136,8 +136,9 @@ def test_wait_follows_the_array_and_fails_when_a_task_fails(run_root: Path) -> N
     np.arange(4096, dtype=np.uint16).__mod__(256).astype(np.uint16).tofile(tokens)
     # vocab 16 cannot embed token ids up to 255: that point fails at run time, after validation.
     # fsdp on a one-task allocation, too (torch's device mesh reads RANK, which SLURM does not set).
+    # No retries of the failing point (cluster.max_failures=0): it fails for good at once.
     out = launch("-m", "model.vocab_size=256,16", "data=tokens", f"data.path={hq(tokens)}", "+cluster=local_slurm",
-                 "cluster.nodes=1", "strategy=fsdp", "trainer.max_steps=3", "logger.backend=none", f"run.root={hq(run_root)}",
+                 "cluster.nodes=1", "cluster.max_failures=0", "strategy=fsdp", "trainer.max_steps=3", "logger.backend=none", f"run.root={hq(run_root)}",
                  "launcher.wait=true", timeout=400)
     assert out.returncode == 1, out.stderr[-3000:]
     sweep = load_sweep(sweep_dir_of(out.stdout))

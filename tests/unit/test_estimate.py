@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from launcher.compose import compose_config
-from launcher.estimate import FP32, block_activation_bytes, estimate_memory, head_activation_bytes
+from launcher.estimate import FP32, ModelShape, block_activation_bytes, estimate_memory, head_activation_bytes
 from launcher.plan import count_parameters
 from tests.conftest import hq, launch
 
@@ -21,7 +21,7 @@ SEVEN_B = ["model=llama3_8b", "model.vocab_size=32000", "model.n_kv_heads=null",
 def _states_per_param(strategy: str, precision: str, world: int) -> float:
     cfg = compose_config([*SEVEN_B, f"strategy={strategy}", f"precision={precision}"])
     n = count_parameters(cfg.model)
-    est = estimate_memory(cfg, world, 2, n, margin_bytes=0, fragmentation=0)
+    est = estimate_memory(cfg, world, 2, ModelShape.ours(cfg.model, n), margin_bytes=0, fragmentation=0)
     return est.states / n
 
 
@@ -39,12 +39,12 @@ def test_mixed_precision_adam_bytes_per_parameter_match_the_zero_paper(world: in
 def _saved_activation_bytes(overrides: list[str]) -> tuple[int, float]:
     """Bytes autograd saves for backward in one forward (parameters excluded), and the estimate."""
     from train.model import build_model
-    from train.strategies.base import prepare_blocks
+    from train.blocks import prepare_blocks
 
     cfg = compose_config(overrides)
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    prepare_blocks(model, cfg.strategy)
+    prepare_blocks(model, cfg.model, cfg.strategy)
     owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     saved: dict[int, int] = {}
 

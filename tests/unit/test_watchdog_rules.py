@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from launcher.events import counts, goodput, record_event, read_events, unexpected_failures
+from launcher.events import counts, goodput, read_events, record_event, unexpected_failures
 from launcher.schema import WatchdogConfig
 from train.watchdog import MIN_OBSERVATIONS, Watchdog
 
