@@ -42,7 +42,7 @@ bench: ## benchmarks under bench/, reported as ratios measured in one run
 slurm-install: ## install the Debian packages for the local SLURM cluster
 	bash scripts/slurm/install.sh
 
-slurm-up: slurm-install ## bring up a local SLURM cluster (controller, accounting, nodes n1 n2)
+slurm-up: slurm-install ## bring up a local SLURM cluster (controller, accounting, nodes n1 n2 n3)
 	bash scripts/slurm/up.sh
 
 slurm-down: ## tear the local SLURM cluster down

@@ -38,8 +38,8 @@ def test_mixed_precision_adam_bytes_per_parameter_match_the_zero_paper(world: in
 
 def _saved_activation_bytes(overrides: list[str]) -> tuple[int, float]:
     """Bytes autograd saves for backward in one forward (parameters excluded), and the estimate."""
-    from train.model import build_model
     from train.blocks import prepare_blocks
+    from train.model import build_model
 
     cfg = compose_config(overrides)
     torch.manual_seed(0)
