@@ -266,6 +266,12 @@ class ClusterConfig:
     # Unexpected failures (a crashed rank, a hang) requeue the job this many times over the run's life; the
     # failed host is left out when the partition has nodes to spare. Configuration errors are never retried.
     max_failures: int = 3
+    # NCCL's own failure handling (torch's TORCH_NCCL_* variables, set on the ranks unless cluster.env sets them):
+    # abort communicators on an error or timeout, a heartbeat monitor that ends a rank whose NCCL watchdog is stuck,
+    # and the flight recorder (this many entries; 0: off), dumped into RUN_DIR/hangs/ on a timeout.
+    nccl_async_error_handling: int = 3
+    nccl_heartbeat_timeout_s: int = 600
+    nccl_flight_recorder_entries: int = 2000
     # `-m` sweeps: at most this many array tasks run at once (sbatch --array=0-N%THIS).
     array_parallelism: int = 256
     price_per_gpu_hour: float | None = None

@@ -7,6 +7,8 @@ import random
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -106,6 +108,31 @@ def init_process_group(env: DistEnv, backend: str, timeout_s: int = 600) -> None
         world_size=env.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+def nccl_env(cluster: Any, run_dir: Path) -> dict[str, str]:
+    """torch's NCCL failure handling, from the cluster config: error handling, heartbeat, flight recorder."""
+    env = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": str(cluster.nccl_async_error_handling),
+        "TORCH_NCCL_ENABLE_MONITORING": "1" if cluster.nccl_heartbeat_timeout_s > 0 else "0",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(cluster.nccl_heartbeat_timeout_s),
+    }
+    if cluster.nccl_flight_recorder_entries > 0:
+        env.update({
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": str(cluster.nccl_flight_recorder_entries),
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(Path(run_dir) / "hangs" / "nccl_trace_rank_"),
+        })
+    return env
+
+
+def apply_nccl_env(cluster: Any, run_dir: Path, backend: str) -> None:
+    """Before the process group exists (torch reads them then); what cluster.env sets wins."""
+    if backend != "nccl" or cluster is None:
+        return
+    (Path(run_dir) / "hangs").mkdir(parents=True, exist_ok=True)
+    for key, value in nccl_env(cluster, run_dir).items():
+        os.environ.setdefault(key, value)
 
 
 def set_collective_timeout(timeout_s: float) -> None:

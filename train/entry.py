@@ -68,6 +68,7 @@ def run(config_path: str | Path) -> int:
 
     watchdog = Watchdog(cfg, env.rank, env.world_size, run_dir, on_hang)
     try:
+        distributed.apply_nccl_env(cfg.cluster, run_dir, backend)
         distributed.init_process_group(env, backend, timeout_s=int(cfg.watchdog.startup_timeout_s))
         # Every rank says where it runs: the first thing to read when a multi-node job hangs.
         log.info("joined via %s: backend %s, device %s, master %s:%d, pid %d", env.launcher, backend, device,

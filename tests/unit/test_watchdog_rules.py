@@ -45,3 +45,17 @@ def test_events_count_failures_and_goodput_is_useful_step_time_over_attempt_time
     metrics = [{"step": s, "step_time_s": 0.5} for s in range(1, 41)]
     assert goodput(events, metrics) == 40 * 0.5 / 50  # 20 s of counted steps in 50 s of attempts
     assert goodput([], metrics) is None
+
+
+def test_nccl_failure_handling_comes_from_the_cluster_config(tmp_path: Path) -> None:
+    from launcher.schema import ClusterConfig
+    from train.distributed import nccl_env
+
+    cluster = OmegaConf.structured(ClusterConfig(name="c", nccl_heartbeat_timeout_s=120,
+                                                 nccl_flight_recorder_entries=500))
+    env = nccl_env(cluster, tmp_path)
+    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "120" and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "hangs" / "nccl_trace_rank_")
+    cluster.nccl_flight_recorder_entries = 0
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in nccl_env(cluster, tmp_path)
