@@ -317,12 +317,13 @@ def _check_ranges(cfg: DictConfig, world: int) -> None:
 
 
 def model_shape(cfg: DictConfig) -> tuple[ModelShape | None, str]:
-    """Ours from the config; a user's from the model itself (launcher/probe.py)."""
-    if not needs_probe(cfg):
+    """Ours from the config; a user's from the model itself (launcher/probe.py, which also checks that a
+    data._target_ imports)."""
+    answer = probe(cfg) if needs_probe(cfg) else None
+    if answer is None or not cfg.model.get("_target_"):
         return ModelShape.ours(cfg.model, count_parameters(cfg.model)), ""
-    answer = probe(cfg)
-    if answer.shape is None or not cfg.model.get("_target_"):
-        return (answer.shape or None), answer.note
+    if answer.shape is None:
+        return None, answer.note
     if cfg.model.config_path:  # a Hugging Face model: its vocabulary sizes the logits
         return replace(answer.shape, vocab_size=int(cfg.model.vocab_size)), ""
     return answer.shape, ""

@@ -131,8 +131,13 @@ class CheckpointManager:
             future = dcp.async_save(target, checkpoint_id=path / "model_optim", process_group=self.group,
                                     async_stager=self.stager)
             rank = self.env.rank
+
+            def hash_own_files(done: Future[Any], step_path: Path = path) -> None:
+                if done.exception() is None:
+                    manifest.write_piece(step_path, rank)
+
             # Hash this rank's files in the background once they are written; rank 0 waits for every piece.
-            future.add_done_callback(lambda f, p=path: f.exception() is None and manifest.write_piece(p, rank))
+            future.add_done_callback(hash_own_files)  # type: ignore[union-attr]
             self.pending = (state.step, future, path)  # type: ignore[assignment]
 
     def prepare_async(self) -> None:
