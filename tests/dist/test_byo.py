@@ -18,7 +18,7 @@ STRATEGIES = ["ddp", "fsdp", "fsdp_grad_op", "hsdp", "zero2"]
 
 def test_the_example_trains_on_2_ranks_with_every_strategy(byo_project: Path) -> None:
     out = launch("--config-dir", "conf", "-m", "model=conv_lm", "data=chars", f"strategy={','.join(STRATEGIES)}",
-                 "trainer.max_steps=8", "trainer.log_every=1", "local.nproc=2", "logger.backend=none",
+                 "trainer.max_steps=6", "trainer.log_every=1", "local.nproc=2", "logger.backend=none",
                  "launcher.sweep_name=strategies", cwd=byo_project, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     sweep = load_sweep(byo_project / "outputs" / "sweeps" / "strategies")
@@ -30,7 +30,7 @@ def test_the_example_trains_on_2_ranks_with_every_strategy(byo_project: Path) ->
         assert cfg.model._target_ == "model.ConvLM" and cfg.data._target_ == "data.CharDataset"
         assert run_dir.name.startswith(f"conv_lm-{cfg.strategy.name}-")
         losses = [r["loss"] for r in read_metrics(run_dir)]
-        assert len(losses) == 8 and losses[-1] < 0.8 * losses[0], (cfg.strategy.name, losses)
+        assert len(losses) == 6 and losses[-1] < 0.9 * losses[0], (cfg.strategy.name, losses)
         finals[cfg.strategy.name] = losses[-1]
     assert sorted(finals) == sorted(STRATEGIES)
     # The same model, data and seed: every layout computes the same training run (fp32, up to reduction order).
@@ -41,7 +41,7 @@ def test_the_example_trains_on_2_ranks_with_every_strategy(byo_project: Path) ->
 
 
 def test_activation_checkpointing_finds_the_blocks_on_its_own(byo_project: Path, tmp_path: Path) -> None:
-    common = ["--config-dir", "conf", "model=conv_lm", "data=chars", "strategy=fsdp", "trainer.max_steps=4",
+    common = ["--config-dir", "conf", "model=conv_lm", "data=chars", "strategy=fsdp", "trainer.max_steps=3",
               "trainer.log_every=1", "local.nproc=2", "logger.backend=none", f"run.root={tmp_path}"]
     plain = launch(*common, "run.name=plain", cwd=byo_project)
     ac = launch(*common, "run.name=ac", "strategy.activation_checkpointing=true", cwd=byo_project)

@@ -16,7 +16,7 @@ from tests.slurm.helpers import poll, sacct_state, squeue_state, submitted_job_i
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 200
+STEPS = 100
 PROJECT = ["--config-dir", "conf", "model=conv_lm", "data=chars"]
 
 

@@ -13,7 +13,7 @@ from tests.slurm.helpers import poll, squeue_state, submitted_job_id, wait_termi
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 600
+STEPS = 300
 
 
 def _steps_logged(run_dir: Path) -> int:
