@@ -24,6 +24,9 @@ class TargetError(ConfigError):
 def resolve_target(key: str, target: str) -> Any:
     """The object a dotted path names (module.attr[.attr...]), importing the longest importable module prefix."""
     parts = target.split(".")
+    if len(parts) < 2:
+        raise TargetError(f"{key}={target} names no module: write it as module.{target} (the file or package that "
+                          f"defines {target}, importable from this directory)")
     for cut in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:cut])
         try:

@@ -98,7 +98,9 @@ def build_source(data_cfg: Any, vocab_size: int) -> TokenSource:
         if inputs.dim() == 1 and not inputs.is_floating_point() and len(inputs) != data_cfg.seq_len:
             # Tokens per step (throughput, MFU, the plan) are counted with data.seq_len: they must agree.
             raise ConfigError(f"data._target_={data_cfg._target_} gives samples of {len(inputs)} input tokens but "
-                             f"data.seq_len={data_cfg.seq_len}: set data.seq_len={len(inputs)}")
+                             f"data.seq_len={data_cfg.seq_len}: a sample holds seq_len + 1 tokens (inputs and the "
+                             f"shifted targets; a dict's input_ids too), so make the dataset return "
+                             f"{data_cfg.seq_len + 1} or set data.seq_len={len(inputs)}")
         return source
     if data_cfg.name == "synthetic":
         return SyntheticTokens(vocab_size, data_cfg.seq_len, data_cfg.seed, data_cfg.signal)

@@ -119,8 +119,8 @@ def test_the_failure_budget_and_configuration_errors_end_the_job_for_good(run_ro
     assert "cluster.max_failures=0: not requeueing" in log
     assert [e["kind"] for e in read_events(run_root / "budget")] == ["crashed", "limit_reached"]
     err = (run_root / "baddata" / "slurm" / f"{jobs['baddata']}_0_log.err").read_text()
-    assert "error: data._target_=data.CharDataset gives samples of 48 input tokens but data.seq_len=64: set " \
-           "data.seq_len=48" in err
+    assert "error: data._target_=data.CharDataset gives samples of 48 input tokens but data.seq_len=64: " in err
+    assert "make the dataset return 65 or set data.seq_len=48" in err
     assert not (run_root / "baddata" / "events.jsonl").exists() or all(
         e["kind"] not in ("crashed", "hung") for e in read_events(run_root / "baddata"))
     assert sacct_state(jobs["budget"]) == "FAILED"

@@ -89,6 +89,8 @@ def test_targets_resolve_or_say_what_is_wrong() -> None:
     assert resolve_target("model._target_", "torch.nn.Linear") is nn.Linear
     with pytest.raises(TargetError, match="run from the directory that holds no_such_pkg.py"):
         resolve_target("model._target_", "no_such_pkg.Model")
+    with pytest.raises(TargetError, match="names no module: write it as module.GRULM"):
+        resolve_target("model._target_", "GRULM")
     with pytest.raises(TargetError, match="torch.nn has no Nope"):
         resolve_target("model._target_", "torch.nn.Nope")
     model = build_model(OmegaConf.create({"_target_": "torch.nn.Linear", "args": {"in_features": 3,
