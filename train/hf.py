@@ -6,10 +6,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from launcher.hf_config import config_file
 
 
 def load_config(config_path: str) -> Any:
@@ -17,9 +18,7 @@ def load_config(config_path: str) -> Any:
         from transformers import AutoConfig
     except ImportError:
         raise ImportError("model=hf_causal_lm needs transformers: run `pip install -e .[hf]`") from None
-    path = Path(config_path)
-    file = path / "config.json" if path.is_dir() else path
-    data = json.loads(file.read_text())
+    data = json.loads(config_file(config_path).read_text())
     return AutoConfig.for_model(data.pop("model_type"), **data)
 
 

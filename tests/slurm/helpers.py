@@ -6,6 +6,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,21 @@ def submitted_job_id(stdout: str) -> str:
     match = re.search(r"submitted job (\d+)", stdout)
     assert match, stdout
     return match.group(1)
+
+
+def logged_steps(run_dir: Path) -> int:
+    """Rows in RUN_DIR/metrics.jsonl so far (0 before training starts)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    return len([line for line in path.read_text().splitlines() if line.strip()])
+
+
+def preempt_and_release(job_id: str, run_dir: Path) -> str:
+    """USR1 to every rank once the run logged 5 steps; the job checkpoints and requeues itself and waits for its
+    BeginTime, so release it as an operator would. Returns the job's final state."""
+    poll(lambda: logged_steps(run_dir) >= 5, 180, "training to start")
+    subprocess.run(["scancel", "--signal=USR1", "--full", job_id], check=True)
+    poll(lambda: squeue_state(job_id) == "PENDING", 120, "the job to be requeued")
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+    return wait_terminal(job_id, timeout=300)

@@ -12,17 +12,12 @@ from omegaconf import OmegaConf
 
 from launcher.sweepdir import load_sweep
 from tests.conftest import hq, launch, read_metrics
-from tests.slurm.helpers import poll, sacct_state, squeue_state, submitted_job_id, wait_terminal
+from tests.slurm.helpers import preempt_and_release, sacct_state, submitted_job_id
 
 pytestmark = pytest.mark.slurm
 
 STEPS = 100
 PROJECT = ["--config-dir", "conf", "model=conv_lm", "data=chars"]
-
-
-def _rows(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
 def test_the_example_requeues_on_usr1_and_ends_where_an_uninterrupted_run_ends(byo_project: Path,
@@ -33,11 +28,7 @@ def test_the_example_requeues_on_usr1_and_ends_where_an_uninterrupted_run_ends(b
     assert out.returncode == 0, out.stderr[-3000:]
     job_id = submitted_job_id(out.stdout)
     run_dir = run_root / "pre"
-    poll(lambda: _rows(run_dir) >= 5, 180, "training to start")
-    subprocess.run(["scancel", "--signal=USR1", "--full", job_id], check=True)
-    poll(lambda: squeue_state(job_id) == "PENDING", 120, "the job to be requeued")
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
-    assert wait_terminal(job_id, timeout=300) == "COMPLETED"
+    assert preempt_and_release(job_id, run_dir) == "COMPLETED"
     history = subprocess.run(["sacct", "-j", job_id, "-D", "-X", "-n", "-o", "State"], capture_output=True,
                              text=True).stdout.split()
     assert "REQUEUED" in history, history

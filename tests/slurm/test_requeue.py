@@ -9,19 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import hq, launch, read_metrics
-from tests.slurm.helpers import poll, squeue_state, submitted_job_id, wait_terminal
+from tests.slurm.helpers import preempt_and_release, submitted_job_id
 
 pytestmark = pytest.mark.slurm
 
 STEPS = 300
-
-
-def _steps_logged(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    return len(rows)
 
 
 def test_usr1_requeues_and_resumes_exactly(run_root: Path) -> None:
@@ -31,12 +23,7 @@ def test_usr1_requeues_and_resumes_exactly(run_root: Path) -> None:
     assert out.returncode == 0, out.stderr
     job_id = submitted_job_id(out.stdout)
     run_dir = run_root / "pre"
-    poll(lambda: _steps_logged(run_dir) >= 5, 120, "training to start")
-    subprocess.run(["scancel", "--signal=USR1", "--full", job_id], check=True)
-    # The job checkpoints, requeues itself and waits for its BeginTime; release it as an operator would.
-    poll(lambda: squeue_state(job_id) == "PENDING", 120, "the job to be requeued")
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
-    assert wait_terminal(job_id, timeout=300) == "COMPLETED"
+    assert preempt_and_release(job_id, run_dir) == "COMPLETED"
 
     history = subprocess.run(["sacct", "-j", job_id, "-D", "-X", "-n", "-o", "State"], capture_output=True,
                              text=True).stdout.split()
@@ -76,11 +63,8 @@ def test_plain_sbatch_script_requeues_on_usr1(run_root: Path) -> None:
     assert out.returncode == 0, out.stderr
     job_id = out.stdout.strip().split(";")[0]
     run_dir = run_root / "plainpre"
-    poll(lambda: _steps_logged(run_dir) >= 5, 120, "training to start")
-    subprocess.run(["scancel", "--signal=USR1", "--full", job_id], check=True)
-    poll(lambda: squeue_state(job_id) == "PENDING", 120, "the job to be requeued")
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
-    assert wait_terminal(job_id, timeout=300) == "COMPLETED", (run_root / f"sbatch-{job_id}.out").read_text()[-3000:]
+    state = preempt_and_release(job_id, run_dir)
+    assert state == "COMPLETED", (run_root / f"sbatch-{job_id}.out").read_text()[-3000:]
     # The requeued script resumed (run.resume=false was a launch-time choice) and logged every step once.
     assert "resumed from" in (run_root / f"sbatch-{job_id}.out").read_text()
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, STEPS + 1))

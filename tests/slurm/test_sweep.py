@@ -16,7 +16,7 @@ import pytest
 
 from launcher.sweepdir import Sweep, load_sweep
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
-from tests.slurm.helpers import poll, squeue_state, wait_terminal
+from tests.slurm.helpers import logged_steps, poll, squeue_state, wait_terminal
 
 pytestmark = pytest.mark.slurm
 
@@ -154,11 +154,6 @@ FAULT_ARGS = ["+cluster=local_slurm", "cluster.nodes=1", f"trainer.max_steps={ST
               "trainer.ckpt_every=20", "logger.backend=none"]
 
 
-def _logged_steps(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.is_file() else 0
-
-
 def test_preempt_one_task_cancel_two_and_resume_the_sweep(run_root: Path) -> None:
     args = ["-m", *SWEPT, *FAULT_ARGS, f"run.root={hq(run_root)}"]
     out = launch(*args)
@@ -170,7 +165,7 @@ def test_preempt_one_task_cancel_two_and_resume_the_sweep(run_root: Path) -> Non
     tasks = [p.jobs[-1] for p in sweep.points]
 
     # Task 1 alone gets the preemption signal mid-run: it checkpoints, requeues itself (not the array) and resumes.
-    poll(lambda: _logged_steps(runs[1]) >= 5, 180, "task 1 to train")
+    poll(lambda: logged_steps(runs[1]) >= 5, 180, "task 1 to train")
     subprocess.run(["scancel", "--signal=USR1", "--full", tasks[1]], check=True)
     # Tasks 2 and 3 are cancelled (SIGTERM: they checkpoint and stop) once they have a complete checkpoint.
     for i in (2, 3):
