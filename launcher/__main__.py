@@ -7,6 +7,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from launcher import hydra_errors
 from launcher.dispatch import dispatch
 from launcher.errors import EXIT_BAD_INPUT, ConfigError, SweepExit
 from launcher.schema import register
@@ -18,6 +19,7 @@ _composed = False
 def _hydra_main(cfg: DictConfig) -> int:
     global _composed
     _composed = True
+    hydra_errors.release()
     try:
         code = dispatch(cfg)
     except ConfigError as err:
@@ -30,14 +32,18 @@ def _hydra_main(cfg: DictConfig) -> int:
 
 def main() -> None:
     register()
+    hydra_errors.hold()
     try:
         _hydra_main()
     except SystemExit as exit_:
-        # Hydra reports a bad override or unknown key itself and exits 1 before our function runs;
-        # that is bad input too, so it gets our exit code.
+        # Hydra reports a bad override or unknown key itself, over several lines, and exits 1 before our function
+        # runs; that is bad input too: one line and our exit code.
         if exit_.code == 1 and not _composed and not isinstance(exit_, SweepExit):
+            print(hydra_errors.one_line(hydra_errors.take()), file=sys.stderr)
             sys.exit(EXIT_BAD_INPUT)
         raise
+    finally:
+        hydra_errors.release()
 
 
 if __name__ == "__main__":

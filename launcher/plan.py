@@ -22,17 +22,10 @@ from launcher.errors import ConfigError
 from launcher.estimate import GB, ModelShape
 from launcher.fit import Budget, Fit, budget, check_fit, scaled_lr
 from launcher.hf_config import HF_TARGET, apply_hf_config
+from launcher.input_checks import check_inputs
+from launcher.key_checks import check_keys
 from launcher.probe import needs_probe, probe
 
-CHOICES = {
-    "model.position": ("rope", "learned"),
-    "model.mlp": ("swiglu", "gelu"),
-    "model.norm": ("rmsnorm", "layernorm"),
-    "logger.backend": ("wandb", "none"),
-    "logger.mode": ("offline", "online", "disabled"),
-    "precision.compute_dtype": ("float32", "bfloat16", "float16"),
-    "checkpoint.verify": ("size", "full"),
-}
 # Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
 # with more steps or another log interval resumes in the same directory.
 NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile", "watchdog",
@@ -203,13 +196,6 @@ def _drop(data: dict[Any, Any], key: str) -> None:
     node.pop(leaf, None)
 
 
-def _check_choices(cfg: DictConfig) -> None:
-    for key, allowed in CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value} is not one of {', '.join(allowed)}: set {key}={allowed[0]}")
-
-
 def _check_model(cfg: DictConfig) -> None:
     m = cfg.model
     if m.get("_target_") == HF_TARGET and not m.config_path:
@@ -218,13 +204,7 @@ def _check_model(cfg: DictConfig) -> None:
     if m.config_path is not None:
         apply_hf_config(cfg)
     if m.get("_target_"):
-        _check_target_model(cfg)
         return
-    for key in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "max_seq_len"):
-        if m[key] < 1:
-            raise ConfigError(f"model.{key}={m[key]} must be at least 1")
-    if cfg.data.seq_len < 1:
-        raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     if m.n_kv_heads and m.n_heads % m.n_kv_heads:
@@ -236,24 +216,6 @@ def _check_model(cfg: DictConfig) -> None:
             f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={m.max_seq_len}: "
             f"set data.seq_len<={m.max_seq_len}"
         )
-
-
-def _check_target_model(cfg: DictConfig) -> None:
-    m = cfg.model
-    if m.vocab_size < 1 or m.max_seq_len < 1:
-        raise ConfigError("model.vocab_size and model.max_seq_len must be at least 1 (the data uses them)")
-    if cfg.data.seq_len < 1:
-        raise ConfigError(f"data.seq_len={cfg.data.seq_len} must be at least 1")
-
-
-def _check_data(cfg: DictConfig) -> None:
-    if cfg.data.get("_target_"):
-        return
-    if cfg.data.name == "tokens":
-        if not cfg.data.path:
-            raise ConfigError("data=tokens needs a token file: add data.path=/path/to/tokens.bin")
-        if not Path(cfg.data.path).is_file():
-            raise ConfigError(f"data.path={cfg.data.path} does not exist: point data.path at a token file")
 
 
 def _check_strategy(cfg: DictConfig, world: int) -> None:
@@ -298,20 +260,8 @@ def _resolve_accumulation(cfg: DictConfig, world: int) -> int:
 
 
 def _check_ranges(cfg: DictConfig, world: int) -> None:
-    t = cfg.trainer
-    if t.ckpt_every < 0 or cfg.checkpoint.keep_last < 1 or cfg.checkpoint.keep_every < 0:
-        raise ConfigError("trainer.ckpt_every and checkpoint.keep_every must be >= 0, checkpoint.keep_last >= 1")
-    for key in ("max_steps", "micro_batch_size", "log_every", "cpu_threads"):
-        if t[key] < 1:
-            raise ConfigError(f"trainer.{key}={t[key]} must be at least 1")
-    if t.global_batch_size is not None and t.global_batch_size < 1:
-        raise ConfigError(f"trainer.global_batch_size={t.global_batch_size} must be at least 1 (or null)")
-    if t.grad_accum_steps is not None and t.grad_accum_steps < 1:
-        raise ConfigError(f"trainer.grad_accum_steps={t.grad_accum_steps} must be at least 1")
     if world < 1:
         raise ConfigError(f"world size {world} must be at least 1: set local.nproc>=1")
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"optim.lr={cfg.optim.lr} must be positive")
     if cfg.strategy.name == "single" and world > 1:
         raise ConfigError(f"strategy=single runs one process but the world size is {world}: use strategy=ddp")
 
@@ -331,13 +281,13 @@ def model_shape(cfg: DictConfig) -> tuple[ModelShape | None, str]:
 
 def make_plan(cfg: DictConfig) -> Plan:
     """Validate cfg and fill in the derived values in place (world size, accumulation, run name)."""
-    _check_choices(cfg)
+    check_keys(cfg)
     if cfg.cluster is not None:
         validate_cluster(cfg)
     world = world_size(cfg)
     _check_ranges(cfg, world)
     _check_model(cfg)
-    _check_data(cfg)
+    check_inputs(cfg)
     if cfg.strategy.name != "auto":
         _check_strategy(cfg, world)
     shape, shape_note = model_shape(cfg)

@@ -58,13 +58,17 @@ def _ask(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe(cfg: DictConfig) -> Probe:
-    """The model's shape for the estimate; raises ConfigError for a target that can't be imported or a model
-    whose blocks can't be found (the ranks would fail the same way, after waiting in the queue)."""
+    """The model's shape for the estimate; raises ConfigError for a target that can't be imported, arguments it
+    does not take, blocks that can't be found, or a first sample that does not fit the config (the ranks would
+    fail the same way, after waiting in the queue)."""
+    data = OmegaConf.to_container(cfg.data, resolve=True)
     request = {
         "model": OmegaConf.to_container(cfg.model, resolve=True),
-        "data": {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()  # type: ignore[union-attr]
-                 if k in ("_target_", "args")},
+        # A user's dataset is asked for its first sample, unless forced (data only the compute nodes can read).
+        "data": data if data.get("_target_") and not cfg.launcher.force else {},  # type: ignore[union-attr]
         "seq_len": int(cfg.data.seq_len),
+        "data_target": cfg.data.get("_target_"),
+        "strategy": OmegaConf.to_container(cfg.strategy, resolve=True),
     }
     answer = _ask(request)
     if "facts" in answer:
@@ -72,6 +76,6 @@ def probe(cfg: DictConfig) -> Probe:
         shape = ModelShape(f["n_params"], f["block_params"], f["n_blocks"], f["largest_root"], f["root"],
                            f["largest_param"], None, None, f["flops_per_token"] if f["flops_source"] == "model" else None)
         return Probe(shape)
-    if answer.get("kind") in ("target", "block", "args"):
+    if answer.get("kind") in ("target", "config"):
         raise ConfigError(answer["error"])
     return Probe(None, f"memory not estimated: building the model on the meta device failed ({answer['error']})")

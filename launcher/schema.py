@@ -13,27 +13,37 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+# Seeds go to torch, numpy and Python's random alike; numpy takes 32 bits.
+SEED_MAX = 2**32 - 1
+
+
+def num(default: Any, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+        hi_open: bool = False) -> Any:
+    """A numeric key and its valid range ([lo, hi], an end excluded when *_open), checked at launch for every
+    key by launcher/key_checks.py: a bad value is refused with its range before anything runs."""
+    return field(default=default, metadata={"range": (lo, hi, lo_open, hi_open)})
+
 
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    vocab_size: int = 256
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
+    vocab_size: int = num(256, 1)
+    d_model: int = num(64, 1)
+    n_layers: int = num(2, 1)
+    n_heads: int = num(4, 1)
     # Grouped-query attention: fewer key/value heads than query heads (Llama 3); None means n_heads.
-    n_kv_heads: int | None = None
-    ffn_hidden: int = 256
-    max_seq_len: int = 64
+    n_kv_heads: int | None = num(None, 1)
+    ffn_hidden: int = num(256, 1)
+    max_seq_len: int = num(64, 1)
     # The two families we size: GPT-2 (learned positions, GELU MLP, LayerNorm, tied embeddings) and
     # Llama 3 (RoPE, SwiGLU, RMSNorm). One implementation, switched by these three keys.
     position: str = "rope"  # rope | learned
     mlp: str = "swiglu"  # swiglu | gelu
     norm: str = "rmsnorm"  # rmsnorm | layernorm
-    rope_theta: float = 10000.0
+    rope_theta: float = num(10000.0, 0, lo_open=True)
     tie_embeddings: bool = True
-    dropout: float = 0.0
-    init_std: float = 0.02
+    dropout: float = num(0.0, 0, 1, hi_open=True)
+    init_std: float = num(0.02, 0, lo_open=True)
     # Bring your own model: a function or class that returns an nn.Module, instantiated by Hydra with `args` as
     # its keyword arguments (model._target_=my_pkg.build_model model.args.hidden=128). The keys above then only
     # matter where the data uses them (vocab_size, max_seq_len). None: our transformer.
@@ -51,10 +61,10 @@ class ModelConfig:
 class DataConfig:
     name: str = MISSING
     # Tokens per sample; defaults to the model's context length.
-    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
-    seed: int = "${trainer.seed}"  # type: ignore[assignment]
+    seq_len: int = num("${model.max_seq_len}", 1)  # type: ignore[assignment]
+    seed: int = num("${trainer.seed}", 0, SEED_MAX)  # type: ignore[assignment]
     # synthetic: probability that the next token follows the hidden transition table (the learnable part).
-    signal: float = 0.9
+    signal: float = num(0.9, 0, 1)
     # tokens: a flat binary file of token ids (numpy memmap).
     path: str | None = None
     dtype: str = "uint16"
@@ -70,19 +80,19 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    warmup_steps: int = 5
-    grad_clip: float = 1.0
+    lr: float = num(3e-3, 0, lo_open=True)
+    min_lr_ratio: float = num(0.1, 0, 1)
+    weight_decay: float = num(0.1, 0)
+    beta1: float = num(0.9, 0, 1, hi_open=True)
+    beta2: float = num(0.95, 0, 1, hi_open=True)
+    eps: float = num(1e-8, 0, lo_open=True)
+    warmup_steps: int = num(5, 0)
+    grad_clip: float = num(1.0, 0)
     # Scale optim.lr with the effective batch: none, linear or sqrt of (global batch / reference_batch_size).
     lr_scaling: str = "none"
-    reference_batch_size: int | None = None
+    reference_batch_size: int | None = num(None, 1)
     # Derived by the launch plan (optim.lr after lr_scaling); training uses it. Not set by hand.
-    scaled_lr: float | None = None
+    scaled_lr: float | None = num(None, 0, lo_open=True)
 
 
 @dataclass
@@ -91,15 +101,15 @@ class StrategyConfig:
     # Which backend implements it: torch (single, ddp, fsdp, fsdp_grad_op, hsdp) or deepspeed (zero*).
     backend: str = "torch"
     # DDP knobs.
-    bucket_cap_mb: int = 25
+    bucket_cap_mb: int = num(25, 1)
     gradient_as_bucket_view: bool = True
     # FSDP2 (fully_shard per transformer block): free the gathered parameters after forward (ZeRO-3 layout)
     # or keep them until backward (ZeRO-2 layout).
     reshard_after_forward: bool = True
     # HSDP: replicas across this many groups, sharded within each (None: the number of nodes).
-    replicate_degree: int | None = None
+    replicate_degree: int | None = num(None, 1)
     # DeepSpeed ZeRO.
-    zero_stage: int = 0
+    zero_stage: int = num(0, 0, 3)
     offload_optimizer: bool = False
     offload_params: bool = False
     # Across strategies: recompute each transformer block's activations in backward; torch.compile each block.
@@ -116,21 +126,21 @@ class PrecisionConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 100
-    micro_batch_size: int = 8
+    max_steps: int = num(100, 1)
+    micro_batch_size: int = num(8, 1)
     # None: derived from global_batch_size (or 1 when that is unset too).
-    grad_accum_steps: int | None = None
+    grad_accum_steps: int | None = num(None, 1)
     # Sequences per optimizer step across all ranks; None: micro x accumulation x data-parallel size.
-    global_batch_size: int | None = None
-    seed: int = 1234
-    log_every: int = 10
+    global_batch_size: int | None = num(None, 1)
+    seed: int = num(1234, 0, SEED_MAX)
+    log_every: int = num(10, 1)
     # Periodic (asynchronous) checkpoint interval in optimizer steps; 0: only on preemption and at the end.
-    ckpt_every: int = 100
+    ckpt_every: int = num(100, 0)
     # Force the deterministic-algorithms switch of torch (bitwise-reproducible resume tests).
     deterministic: bool = True
     # Threads per rank for CPU math. Fixed (not derived from the host) so that the same seed gives the same
     # losses in local mode and under SLURM.
-    cpu_threads: int = 1
+    cpu_threads: int = num(1, 1)
     progress_bar: bool = True
 
 
@@ -149,9 +159,9 @@ class RunConfig:
 @dataclass
 class CheckpointConfig:
     # Keep the newest N complete checkpoints ...
-    keep_last: int = 3
+    keep_last: int = num(3, 1)
     # ... plus every checkpoint whose step is a multiple of this (0: none).
-    keep_every: int = 0
+    keep_every: int = num(0, 0)
     # Periodic saves write in the background (DCP async_save); the preemption and final saves are synchronous.
     async_save: bool = True
     # Before resuming: check every file's size against the checkpoint's manifest ("size"), or also its CRC-32
@@ -162,7 +172,7 @@ class CheckpointConfig:
 @dataclass
 class LocalConfig:
     # Worker processes in local mode; None: the number of local GPUs, else 1.
-    nproc: int | None = None
+    nproc: int | None = num(None, 1)
     # gloo on CPU, nccl with GPUs; None picks.
     backend: str | None = None
 
@@ -193,9 +203,9 @@ class LauncherConfig:
     # Run even if the memory estimate says the job does not fit.
     force: bool = False
     # Added to the estimate per rank: the CUDA context and allocator (or the Python runtime on CPU) ...
-    memory_margin_gb: float = 1.0
+    memory_margin_gb: float = num(1.0, 0)
     # ... plus this fraction of the estimate for fragmentation.
-    memory_fragmentation: float = 0.1
+    memory_fragmentation: float = num(0.1, 0)
 
 
 @dataclass
@@ -203,11 +213,11 @@ class TelemetryConfig:
     # Step time per rank, data wait, achieved TFLOP/s and MFU, peak memory, per-node throughput, stragglers.
     enabled: bool = True
     # A rank is a straggler when its step time exceeds the median across ranks by this factor ...
-    straggler_factor: float = 1.5
+    straggler_factor: float = num(1.5, 1, lo_open=True)
     # ... for this many log intervals in a row.
-    straggler_intervals: int = 3
+    straggler_intervals: int = num(3, 1)
     # Dense peak TFLOP/s of one local device for MFU in local runs (a cluster's comes from cluster.peak_tflops).
-    peak_tflops: float | None = None
+    peak_tflops: float | None = num(None, 0, lo_open=True)
 
 
 @dataclass
@@ -216,67 +226,67 @@ class WatchdogConfig:
     # into RUN_DIR/hangs/ and ends the rank, instead of a dead collective burning the allocation.
     enabled: bool = True
     # Process start through the end of the first step (imports, rendezvous, checkpoint load, compile).
-    startup_timeout_s: float = 1800.0
+    startup_timeout_s: float = num(1800.0, 0, lo_open=True)
     # None: learned, factor x the longest seen so far (at least min_timeout_s), kept for the next attempt.
-    step_timeout_s: float | None = None
-    checkpoint_timeout_s: float | None = None
-    factor: float = 5.0
-    min_timeout_s: float = 300.0
+    step_timeout_s: float | None = num(None, 0, lo_open=True)
+    checkpoint_timeout_s: float | None = num(None, 0, lo_open=True)
+    factor: float = num(5.0, 1)
+    min_timeout_s: float = num(300.0, 0, lo_open=True)
 
 
 @dataclass
 class ProfileConfig:
     # `+profile=default`: torch.profiler on these ranks with a wait / warmup / active schedule (in steps).
-    ranks: list[int] = field(default_factory=lambda: [0])
-    wait: int = 5
-    warmup: int = 2
-    active: int = 3
-    repeat: int = 1
+    ranks: list[int] = field(default_factory=lambda: [0], metadata={"range": (0, None, False, False)})
+    wait: int = num(5, 0)
+    warmup: int = num(2, 0)
+    active: int = num(3, 1)
+    repeat: int = num(1, 0)
     # How many of the most expensive operators to print at the end.
-    top_ops: int = 15
+    top_ops: int = num(15, 1)
 
 
 @dataclass
 class ClusterConfig:
     name: str = MISSING
-    nodes: int = 1
-    gpus_per_node: int = 0
+    nodes: int = num(1, 1)
+    gpus_per_node: int = num(0, 0)
     # Tasks (ranks) per node: one per GPU, or this many on a CPU cluster.
-    tasks_per_node: int | None = None
+    tasks_per_node: int | None = num(None, 1)
     gpu_type: str | None = None
-    gpu_memory_gb: float = 0.0
+    gpu_memory_gb: float = num(0.0, 0)
     # Dense peak TFLOP/s per GPU, keyed by precision name (bf16, fp16, fp32).
-    peak_tflops: dict[str, float] = field(default_factory=dict)
+    peak_tflops: dict[str, float] = field(default_factory=dict, metadata={"range": (0, None, True, False)})
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    time_limit_min: int = 60
-    cpus_per_task: int = 1
-    mem_per_task_gb: float | None = None
+    time_limit_min: int = num(60, 1)
+    cpus_per_task: int = num(1, 1)
+    mem_per_task_gb: float | None = num(None, 0, lo_open=True)
     constraint: str | None = None
     exclusive: bool = False
     backend: str = "nccl"
     setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     signal: str = "USR1"
-    signal_lead_s: int = 90
+    signal_lead_s: int = num(90, 1, 65535)
     # srun starts one task per rank. torchrun under srun is refused: its agent dies on the preemption signal.
     launch: str = "srun"
-    max_requeues: int = 3
+    max_requeues: int = num(3, 0)
     # Unexpected failures (a crashed rank, a hang) requeue the job this many times over the run's life; the
     # failed host is left out when the partition has nodes to spare. Configuration errors are never retried.
-    max_failures: int = 3
+    max_failures: int = num(3, 0)
     # NCCL's own failure handling (torch's TORCH_NCCL_* variables, set on the ranks unless cluster.env sets them):
     # abort communicators on an error or timeout, a heartbeat monitor that ends a rank whose NCCL watchdog is stuck,
     # and the flight recorder (this many entries; 0: off), dumped into RUN_DIR/hangs/ on a timeout.
-    nccl_async_error_handling: int = 3
-    nccl_heartbeat_timeout_s: int = 600
-    nccl_flight_recorder_entries: int = 2000
+    nccl_async_error_handling: int = num(3, 0, 3)
+    nccl_heartbeat_timeout_s: int = num(600, 1)
+    nccl_flight_recorder_entries: int = num(2000, 0)
     # `-m` sweeps: at most this many array tasks run at once (sbatch --array=0-N%THIS).
-    array_parallelism: int = 256
-    price_per_gpu_hour: float | None = None
+    array_parallelism: int = num(256, 1)
+    price_per_gpu_hour: float | None = num(None, 0)
     # Model FLOPs utilisation assumed for the plan's step time, wall time and GPU-hours.
-    assumed_mfu: float = 0.4
+    assumed_mfu: float = num(0.4, 0, 1, lo_open=True)
     extra_sbatch: dict[str, Any] = field(default_factory=dict)
 
 

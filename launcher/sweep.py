@@ -151,6 +151,9 @@ class SweepLauncher(Launcher):
         return cfg
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from launcher import hydra_errors
+
+        hydra_errors.release()  # Hydra parsed the sweep: from here on, errors are ours (one line each)
         setup_globals()
         if self.params.get("training"):
             from launcher.sweep_run import launch_training

@@ -65,26 +65,39 @@ def _largest_list(model: nn.Module) -> set[type]:
     return set() if best is None else {best[1]}
 
 
-def block_classes(model: nn.Module, block: str | None) -> set[type]:
-    """The block classes of `model`; empty for model.block=none. Raises BlockError when none can be found."""
+def block_classes(model: nn.Module, block: str | None, needed_for: str | None = "sharding") -> set[type]:
+    """The block classes of `model`; empty for model.block=none. Raises BlockError when none can be found and
+    `needed_for` says why they are needed (None: a model without blocks is fine)."""
     if block == NO_BLOCKS:
         return set()
     if block:
         return _named_class(model, block)
     wanted = _hf_declared(model) or _largest_list(model)
-    if not wanted:
+    if not wanted and needed_for:
         raise BlockError(
-            f"no repeated block found in {type(model).__name__} (no list of two or more modules of one class): "
-            f"name the class FSDP should wrap with model.block=ClassName, or model.block={NO_BLOCKS} to train it "
-            "as one unit"
+            f"no repeated block found in {type(model).__name__} (no list of two or more modules of one class), and "
+            f"{needed_for}: name the block class with model.block=ClassName, or set model.block={NO_BLOCKS} to "
+            "train it as one unit"
         )
     return wanted
 
 
-def find_blocks(model: nn.Module, block: str | None) -> list[tuple[str, nn.Module]]:
+def find_blocks(model: nn.Module, block: str | None, needed_for: str | None = "sharding") -> list[tuple[str, nn.Module]]:
     """(qualified name, module) of every block, outermost first."""
-    wanted = block_classes(model, block)
+    wanted = block_classes(model, block, needed_for)
     return _outermost(model, wanted) if wanted else []
+
+
+def blocks_for(model: nn.Module, model_cfg: object, strategy_cfg: object) -> list[tuple[str, nn.Module]]:
+    """The blocks this strategy config works with; BlockError when it needs blocks the model does not have."""
+    from train.strategies import needs_blocks
+
+    named = find_blocks(model, getattr(model_cfg, "block", None), needs_blocks(strategy_cfg))
+    wants_blocks = getattr(strategy_cfg, "activation_checkpointing", False) or getattr(strategy_cfg, "compile", False)
+    if wants_blocks and not named:
+        raise BlockError("activation checkpointing and compile work per block, and model.block=none says there are "
+                         "none: name the block class with model.block=ClassName, or drop them")
+    return named
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -96,11 +109,7 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
 def prepare_blocks(model: nn.Module, model_cfg: object, strategy_cfg: object) -> list[nn.Module]:
     """Per-block activation checkpointing and torch.compile, the same for every strategy. Returns the blocks (as
     wrapped) for the strategy to shard."""
-    named = find_blocks(model, getattr(model_cfg, "block", None))
-    wants_blocks = getattr(strategy_cfg, "activation_checkpointing", False) or getattr(strategy_cfg, "compile", False)
-    if wants_blocks and not named:
-        raise BlockError("activation checkpointing and compile work per block, and model.block=none says there are "
-                         "none: name the block class with model.block=ClassName")
+    named = blocks_for(model, model_cfg, strategy_cfg)
     if getattr(strategy_cfg, "activation_checkpointing", False):
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 

@@ -45,13 +45,30 @@ def resolve_target(key: str, target: str) -> Any:
                       f"{parts[0]}.py (or {parts[0]}/), or install it (pip install -e .)")
 
 
+def check_arguments(key: str, target: str, obj: Any, kwargs: dict[str, Any]) -> None:
+    """A call that can't match the target's signature is the user's input (`*.args`), not a crash."""
+    import inspect
+
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return  # no signature to check against (a builtin): the call itself will tell
+    try:
+        signature.bind(**{k: v for k, v in kwargs.items() if not k.startswith("_")})
+    except TypeError as err:
+        section = key.rsplit(".", 1)[0]
+        raise ConfigError(f"{key}={target} does not take these arguments ({err}): fix {section}.args "
+                          f"(it takes {', '.join(signature.parameters) or 'none'})") from None
+
+
 def instantiate(key: str, target: str, args: Any) -> Any:
     """Hydra's instantiate of `target` with `args` (nested `_target_`s included), with our import errors."""
     from hydra.utils import instantiate as hydra_instantiate
 
-    resolve_target(key, target)  # a clear error first; Hydra's would bury it in a chain
+    obj = resolve_target(key, target)  # a clear error first; Hydra's would bury it in a chain
     kwargs: dict[str, Any] = dict(OmegaConf.to_container(args, resolve=True) if OmegaConf.is_config(args)  # type: ignore[arg-type]
                                   else args or {})
+    check_arguments(key, target, obj, kwargs)
     return hydra_instantiate({"_target_": target, **kwargs}, _convert_="all")
 
 

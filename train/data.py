@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from launcher.errors import ConfigError
+
 
 class TokenSource(Protocol):
     def sample(self, index: int) -> Any:
@@ -44,7 +46,7 @@ class MemmapTokens:
     """Windows of a flat binary file of token ids; window order shuffled per epoch by the seed."""
 
     def __init__(self, path: str, dtype: str, seq_len: int, seed: int, shuffle: bool) -> None:
-        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        self.tokens = np.memmap(Path(path).expanduser(), dtype=np.dtype(dtype), mode="r")
         self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
         self.windows = (len(self.tokens) - 1) // seq_len
         if self.windows < 1:
@@ -89,7 +91,6 @@ class DatasetSource:
 
 def build_source(data_cfg: Any, vocab_size: int) -> TokenSource:
     if data_cfg.get("_target_"):
-        from launcher.errors import ConfigError
         from train.build import instantiate
 
         source = DatasetSource(instantiate("data._target_", data_cfg._target_, data_cfg.args), data_cfg.seed,
@@ -105,8 +106,9 @@ def build_source(data_cfg: Any, vocab_size: int) -> TokenSource:
     if data_cfg.name == "synthetic":
         return SyntheticTokens(vocab_size, data_cfg.seq_len, data_cfg.seed, data_cfg.signal)
     if data_cfg.name == "tokens":
-        if not data_cfg.path or not Path(data_cfg.path).is_file():
-            raise FileNotFoundError(f"data.path={data_cfg.path!r} is not a file")
+        if not data_cfg.path or not Path(data_cfg.path).expanduser().is_file():
+            raise ConfigError(f"data.path={data_cfg.path} is not a file here (was it moved after submitting?): "
+                              "point data.path at the token file")
         return MemmapTokens(data_cfg.path, data_cfg.dtype, data_cfg.seq_len, data_cfg.seed, data_cfg.shuffle)
     raise ValueError(f"unknown data source {data_cfg.name!r}")
 

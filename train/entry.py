@@ -63,8 +63,8 @@ def run(config_path: str | Path) -> int:
     backend = distributed.pick_backend(cfg.local.backend if env.launcher == "local" else _cluster_backend(cfg))
     device = distributed.device_for(env, backend)
 
-    def on_hang(section: str, elapsed: float, step: int) -> None:
-        recover(cfg, run_dir, "hung", step, None, started=started, is_main=env.is_main)
+    def on_hang(section: str, elapsed: float, step: int, host: str | None) -> None:
+        recover(cfg, run_dir, "hung", step, host, started=started, is_main=env.is_main)
 
     watchdog = Watchdog(cfg, env.rank, env.world_size, run_dir, on_hang)
     try:

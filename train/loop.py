@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,15 @@ def trace_samples(state: TrainState, env: DistEnv, indices: list[int]) -> None:
             f.write(f"{state.step + 1} {' '.join(map(str, indices))}\n")
 
 
+def _no_mark() -> None:
+    pass
+
+
 def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
-               env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING) -> torch.Tensor:
-    """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync)."""
+               env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING,
+               mark: Callable[[], None] = _no_mark) -> torch.Tensor:
+    """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync). `mark`
+    counts progress inside the step (the watchdog's: a hung rank is the one that got least far)."""
     t = cfg.trainer
     accum = t.grad_accum_steps
     loss_sum = torch.zeros((), device=device)
@@ -93,11 +100,13 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
         consumed.extend(idx)
         with timer.data():
             inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
+        mark()
         with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
                 logits = logits_of(model(inputs))
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
+            mark()
             strategy.backward(loss / accum)
         loss_sum += loss.detach()
     trace_samples(state, env, consumed)
@@ -151,7 +160,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             watchdog.step_started(state.step + 1)
             lr = strategy.current_lr()
             telemetry.begin_step()
-            loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer)
+            loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark)
+            watchdog.mark()
             grad_norm = strategy.optimizer_step()
             telemetry.end_step()
             state.step += 1
@@ -174,7 +184,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             if stop:
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=True)
-                outcome = after_stop(env, cfg, state.step, watcher.agreed)
+                outcome = after_stop(env, cfg, state.step, watcher.agreed, run_dir)
                 break
             if t.ckpt_every and state.step % t.ckpt_every == 0:
                 with watchdog.section("checkpoint"):

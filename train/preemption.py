@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,7 +61,19 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
-def after_stop(env: DistEnv, cfg: Any, step: int, agreed: int = REQUEUE) -> StopOutcome:
+def preemption_requeues(job_id: str, run_dir: Path | None) -> int:
+    """How often this job was requeued for a preemption: SLURM's restart count less the requeues that followed an
+    unexpected failure (those count against cluster.max_failures instead)."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if run_dir is None:
+        return restarts
+    from launcher.events import UNEXPECTED, read_events
+
+    failures = sum(1 for e in read_events(run_dir) if str(e.get("job")) == job_id and e.get("kind") in UNEXPECTED)
+    return max(0, restarts - failures)
+
+
+def after_stop(env: DistEnv, cfg: Any, step: int, agreed: int = REQUEUE, run_dir: Path | None = None) -> StopOutcome:
     """Called on every rank once the stop checkpoint is complete."""
     job_id = slurm_job_id()
     if env.launcher != "slurm" or job_id is None:
@@ -73,7 +86,7 @@ def after_stop(env: DistEnv, cfg: Any, step: int, agreed: int = REQUEUE) -> Stop
                      "when PreemptMode=REQUEUE; the same command resumes otherwise)", signal.Signals.SIGTERM.name[3:],
                      step)
         return StopOutcome(0, None)
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    restarts = preemption_requeues(job_id, run_dir)
     # Jobs from sbatch/ scripts have no cluster section: the schema's default limit applies.
     limit = cfg.cluster.max_requeues if cfg.cluster is not None else ClusterConfig.max_requeues
     if restarts >= limit:

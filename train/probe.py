@@ -1,9 +1,11 @@
-"""What the launch plan needs to know of a user's model, asked of the model itself (run by launcher/probe.py).
+"""What the launch plan needs to know of a user's model and data, asked of them (run by launcher/probe.py).
 
-    python -m launcher.worker --probe < {"model": {...}, "data": {...}, "seq_len": N}
+    python -m launcher.worker --probe < {"model": {...}, "data": {...}, "strategy": {...}, "seq_len": N}
 
-Imports the `_target_`s and builds the model on the meta device (no memory, no weights), then prints one JSON
-object: {"facts": {...}} or {"error": "...", "kind": "target" | "block" | "build"}.
+Imports the `_target_`s, builds the model on the meta device (no memory, no weights) and, for a user's dataset,
+reads its first sample, then prints one JSON object: {"facts": {...}} or {"error": "...", "kind": KIND}. Kinds
+"target", "config" are the user's input (the launcher refuses with the message); "build" means the model could not
+be built on the meta device (the plan goes on without a memory estimate).
 """
 
 from __future__ import annotations
@@ -15,11 +17,25 @@ from typing import Any
 from omegaconf import OmegaConf
 
 
-def facts(model: Any, model_cfg: Any, seq_len: int) -> dict[str, Any]:
-    from train.blocks import find_blocks
+def embedding_rows(model: Any) -> int | None:
+    """How many token ids the model embeds: its input embedding's rows (Hugging Face's accessor, else the first
+    nn.Embedding), or None when it has none."""
+    from torch import nn
+
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        emb = get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        emb = None
+    emb = emb or next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return int(emb.num_embeddings) if isinstance(emb, nn.Embedding) else None
+
+
+def facts(model: Any, model_cfg: Any, seq_len: int, strategy_cfg: Any) -> dict[str, Any]:
+    from train.blocks import blocks_for
     from train.build import count_parameters, flops_per_token
 
-    blocks = find_blocks(model, model_cfg.get("block"))
+    blocks = blocks_for(model, model_cfg, strategy_cfg)
     in_blocks = {id(p) for _, b in blocks for p in b.parameters()}
     root = {id(p): p for p in model.parameters() if id(p) not in in_blocks}
     sizes = [p.numel() for p in {id(p): p for p in model.parameters()}.values()]
@@ -34,20 +50,49 @@ def facts(model: Any, model_cfg: Any, seq_len: int) -> dict[str, Any]:
         "largest_param": max(sizes, default=0),
         "flops_per_token": fpt,
         "flops_source": source,
+        "embedding_rows": embedding_rows(model),
     }
+
+
+def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> None:
+    """A user's dataset: its first sample has the configured length and token ids the model can embed."""
+    from launcher.errors import ConfigError
+    from train.data import build_source, split_sample
+
+    try:
+        source = build_source(data_cfg, vocab_size)  # checks the first sample's length
+        size = len(source.dataset)  # type: ignore[attr-defined]
+        if size < 1:
+            raise ConfigError(f"data._target_={data_cfg._target_} is empty (len 0): check data.args")
+        inputs, _ = split_sample(source.sample(0))
+    except ConfigError:
+        raise
+    except Exception as err:  # the user's dataset failed here: it would fail on the ranks too
+        cause = err.__cause__ or err
+        message = f"{type(cause).__name__}: {cause}".splitlines()[0]
+        raise ConfigError(f"data._target_={data_cfg._target_} could not give its first sample ({message}): fix "
+                          "data.args or the dataset (launcher.force=true skips this check, for data only the "
+                          "compute nodes can read)") from None
+    if rows is not None and not inputs.is_floating_point() and inputs.numel():
+        high = int(inputs.max())
+        if high >= rows:
+            raise ConfigError(f"data._target_={data_cfg._target_} gives token id {high}, but the model embeds only "
+                              f"{rows} ids: make the model's vocabulary larger than {high} (model.args), or fix the "
+                              "data")
 
 
 def probe(request: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from train.blocks import BlockError
-    from train.build import TargetError, build_model, resolve_target
+    from launcher.errors import ConfigError
+    from train.build import TargetError, build_model, is_ours, resolve_target
 
     model_cfg = OmegaConf.create(request["model"])
+    strategy_cfg = OmegaConf.create(request.get("strategy") or {"name": "fsdp"})
     data_cfg = OmegaConf.create(request.get("data") or {})
     try:
-        if data_cfg.get("_target_"):
-            resolve_target("data._target_", data_cfg._target_)
+        if request.get("data_target"):
+            resolve_target("data._target_", request["data_target"])
         if model_cfg.get("_target_"):
             resolve_target("model._target_", model_cfg._target_)
     except TargetError as err:
@@ -55,17 +100,24 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     try:
         with torch.device("meta"):
             model = build_model(model_cfg)
-    except Exception as err:  # the user's code: reported; only a call that does not match the arguments is fatal
+    except ConfigError as err:
+        return {"error": str(err), "kind": "config"}
+    except Exception as err:  # the user's code: reported; the plan goes on without a memory estimate
         cause = err.__cause__ or err  # Hydra wraps the target's own exception
-        message = f"{type(cause).__name__}: {cause}".splitlines()[0]
-        if isinstance(cause, TypeError) and "argument" in str(cause):
-            return {"error": f"model._target_={model_cfg._target_} does not take these arguments ({message}): "
-                             "fix model.args", "kind": "args"}
-        return {"error": message, "kind": "build"}
+        return {"error": f"{type(cause).__name__}: {cause}".splitlines()[0], "kind": "build"}
     try:
-        return {"facts": facts(model, model_cfg, int(request["seq_len"]))}
-    except BlockError as err:
-        return {"error": str(err), "kind": "block"}
+        answer = facts(model, model_cfg, int(request["seq_len"]), strategy_cfg)
+        rows = answer["embedding_rows"]
+        vocab = int(model_cfg.vocab_size)
+        if data_cfg.get("_target_"):
+            check_data(data_cfg, vocab, rows)
+        elif rows is not None and rows < vocab and not is_ours(model_cfg):
+            raise ConfigError(f"model._target_={model_cfg._target_} embeds {rows} token ids, but the data draws ids "
+                              f"below model.vocab_size={vocab}: set model.vocab_size={rows} (or build the model "
+                              f"with {vocab})")
+    except ConfigError as err:
+        return {"error": str(err), "kind": "config"}
+    return {"facts": answer}
 
 
 def main() -> int:

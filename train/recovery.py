@@ -102,7 +102,8 @@ def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> No
 def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err: BaseException | None = None,
             *, started: float, is_main: bool) -> None:
     """Called by a failing rank. Under SLURM: record and requeue (one rank acts); `host` is the failed rank's
-    host (left out when possible), or None when the culprit is unknown (a hang). Locally: rank 0 records."""
+    host (left out when possible); for a hang, the host of the ranks that got least far, or None when no rank
+    stands out. Locally: rank 0 records."""
     job = slurm_job_id()
     if job is None or cfg.cluster is None:
         if is_main:
@@ -121,8 +122,8 @@ def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err
     lost = steps_lost(run_dir, step)
     budget = int(cfg.cluster.max_failures)
     failed = unexpected_failures(run_dir) + 1
-    record_event(run_dir, kind, attempt=attempt(), job=job, host=host or node_name(), step=step,
-                 steps_lost=lost, started=started, ended=time.time(),
+    record_event(run_dir, kind, attempt=attempt(), job=job, host=host if kind == "hung" else host or node_name(),
+                 step=step, steps_lost=lost, started=started, ended=time.time(),
                  error=None if err is None else f"{type(err).__name__}: {err}"[:500])
     if failed > budget:
         log.error("failure %d of this run and cluster.max_failures=%d: not requeueing. Fix the cause (see the logs "

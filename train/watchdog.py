@@ -58,6 +58,28 @@ def _main_thread_at() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
+def least_progress(headers: dict[int, dict[str, Any]], world_size: int) -> list[int]:
+    """The ranks that got least far: those that wrote no dump (stuck where Python can't run, or gone) when others
+    did, else those whose (last finished step, progress marks) is lowest when not all are equal. Empty: no rank
+    stands out."""
+    silent = [r for r in range(world_size) if r not in headers]
+    if silent and headers:
+        return silent
+    if len(headers) < 2:
+        return []
+    progress = {r: (int(h.get("last_finished_step", 0)), int(h.get("marks", 0))) for r, h in headers.items()}
+    low = min(progress.values())
+    if low == max(progress.values()):
+        return []
+    return sorted(r for r, p in progress.items() if p == low)
+
+
+def culprit_host(headers: dict[int, dict[str, Any]], culprits: list[int]) -> str | None:
+    """The one host of the culprit ranks (None: unknown, or spread over several hosts)."""
+    hosts = {headers[r]["host"] for r in culprits if r in headers}
+    return hosts.pop() if len(hosts) == 1 and len(culprits) == len([r for r in culprits if r in headers]) else None
+
+
 def hang_dir(run_dir: Path) -> Path:
     return Path(run_dir) / HANGS_DIR
 
@@ -67,11 +89,14 @@ class Watchdog:
         w = cfg.watchdog
         self.cfg, self.rank, self.world_size, self.run_dir = w, rank, world_size, Path(run_dir)
         self.enabled = bool(w.enabled)
-        self.on_hang = on_hang  # called (section, elapsed) before the rank exits: the caller records the event
+        self.on_hang = on_hang  # called (section, elapsed, step, culprit host) before the rank exits: it records
         self.longest: dict[str, float] = {}
         self.seen: dict[str, int] = {}
         self._load()
         self.last_step = 0
+        # Progress inside the current step (data loaded, forward done, ...): ranks that hang together are told
+        # apart by how far each got; the one that got least far is the culprit.
+        self.marks = 0
         self._section: tuple[str, float, float] | None = None  # name, started (monotonic), timeout
         self._started_wall = time.time()
         self._stop = threading.Event()
@@ -108,8 +133,12 @@ class Watchdog:
             self.longest[name] = max(self.longest.get(name, 0.0), elapsed)
             self.seen[name] = self.seen.get(name, 0) + 1
 
+    def mark(self) -> None:
+        self.marks += 1
+
     def step_started(self, step: int) -> None:
         """Step `step` (1-based) begins; the first one of an attempt still counts as start-up."""
+        self.marks = 0
         if self._section is None or self._section[0] != "startup":
             self.enter("step")
         if self._test_hang == step:
@@ -177,15 +206,19 @@ class Watchdog:
             time.sleep(0.2)
         return headers
 
-    def _summarise(self, headers: dict[int, dict[str, Any]]) -> None:
-        """Rank 0 says where every rank was."""
+    def _summarise(self, headers: dict[int, dict[str, Any]], culprits: list[int]) -> None:
+        """Rank 0 says where every rank was, and which got least far."""
         for rank in range(self.world_size):
             h = headers.get(rank)
             if h is None:
                 log.error("hang: rank %d wrote no stack dump (it may have died, or hangs where Python can't run)", rank)
             else:
-                log.error("hang: rank %d on %s last finished step %d; its main thread was at %s", rank, h["host"],
-                          h["last_finished_step"], h["main_thread_at"])
+                log.error("hang: rank %d on %s last finished step %d (progress %d into the next); its main thread "
+                          "was at %s", rank, h["host"], h["last_finished_step"], h.get("marks", 0), h["main_thread_at"])
+        if culprits:
+            log.error("hang: rank(s) %s made the least progress: the likely cause", ",".join(map(str, culprits)))
+        else:
+            log.error("hang: every rank got equally far: no single rank to blame")
 
     @property
     def fired(self) -> bool:
@@ -205,6 +238,7 @@ class Watchdog:
         host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         header = {"rank": self.rank, "host": host, "pid": os.getpid(), "section": section,
                   "elapsed_s": round(elapsed, 3), "timeout_s": round(timeout, 3), "last_finished_step": self.last_step,
+                  "marks": self.marks,
                   "entered_at": time.time() - elapsed, "fired_at": time.time(), "main_thread_at": _main_thread_at(),
                   "slurm_job": os.environ.get("SLURM_JOB_ID")}
         with open(path, "w") as f:
@@ -214,11 +248,12 @@ class Watchdog:
         log.error("HANG: no progress in section %s for %.0f s (timeout %.0f s); last finished step %d; every thread's "
                   "stack is in %s", section, elapsed, timeout, self.last_step, path)
         headers = self._wait_for_dumps(folder)
+        culprits = least_progress(headers, self.world_size)
         if self.rank == 0:
-            self._summarise(headers)
+            self._summarise(headers, culprits)
         if self.on_hang is not None:
             try:
-                self.on_hang(section, elapsed, self.last_step)
+                self.on_hang(section, elapsed, self.last_step, culprit_host(headers, culprits))
             except Exception:  # the exit below matters more than the record
                 log.exception("recording the hang failed")
         for handler in log.handlers:

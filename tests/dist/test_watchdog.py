@@ -39,7 +39,10 @@ def test_a_hung_rank_ends_every_rank_with_stack_dumps_and_the_run_resumes(run_ro
     # Rank 0 names where each rank was: rank 1 in the injected hang, rank 0 waiting for it.
     log = (run_dir / "logs" / "rank_0.log").read_text()
     assert "hang: rank 1 on" in log and "last finished step 5" in log and "in step_started" in log
+    # Rank 0 loaded its batch and waits in backward's collective; rank 1 never started: it is named.
+    assert "hang: rank(s) 1 made the least progress" in log
     [event] = read_events(run_dir)
+    assert event["host"] == json.loads((run_dir / "hangs" / "rank1.txt").read_text().splitlines()[0])["host"]
     latest = latest_complete_checkpoint(run_dir)  # step 4's asynchronous save, if it completed before the hang
     kept = latest.step if latest else 0
     assert event["kind"] == "hung" and event["step"] == 5 and event["steps_lost"] == 5 - kept

@@ -5,32 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import launch
 
 PROJECT = ["--config-dir", "conf", "model=conv_lm", "data=chars"]
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    (["model._target_=nowhere.Model"], "run from the directory that holds nowhere.py"),
-    (["model._target_=model.Nope"], "model has no Nope: check the name"),
-    (["data._target_=data.Missing"], "data has no Missing"),
-    (["+model.args.colour=red"], "does not take these arguments"),
-    (["model.block=Attention"], "names no module of this model: pick one of Conv1d, ConvBlock"),
-    (["model=hf_causal_lm"], "add model.config_path=PATH"),
-    (["model=hf_causal_lm", "model.config_path=nowhere.json"], "no such config file"),
-])
-def test_bad_model_or_data_fails_at_launch(byo_project: Path, tmp_path: Path, overrides: list[str],
-                                           expected: str) -> None:
-    out = launch(*PROJECT, *overrides, f"run.root={tmp_path}/runs", cwd=byo_project)
-    assert out.returncode == 2, out.stderr[-2000:]
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], out.stderr
-    assert not (tmp_path / "runs").exists()
-
-
-def test_a_model_without_blocks_fails_unless_told(byo_project: Path, tmp_path: Path) -> None:
+def test_a_model_without_blocks_trains_with_ddp_and_fsdp_needs_to_be_told(byo_project: Path, tmp_path: Path) -> None:
     (byo_project / "flat.py").write_text(
         "from torch import nn\n"
         "class Flat(nn.Module):\n"
@@ -43,11 +23,15 @@ def test_a_model_without_blocks_fails_unless_told(byo_project: Path, tmp_path: P
         "name: flat\n_target_: flat.Flat\nargs:\n  vocab_size: ${model.vocab_size}\n")
     args = ["--config-dir", "conf", "model=flat", "data=chars", f"run.root={tmp_path}", "trainer.max_steps=2",
             "logger.backend=none"]
-    out = launch(*args, cwd=byo_project)
-    assert out.returncode == 2 and "no repeated block found in Flat" in out.stderr and "model.block=" in out.stderr
+    out = launch(*args, "strategy=fsdp", cwd=byo_project)
+    assert out.returncode == 2 and "no repeated block found in Flat" in out.stderr, out.stderr
+    assert "strategy=fsdp shards per block: name the block class with model.block=ClassName" in out.stderr
     assert not any(tmp_path.iterdir())
-    told = launch(*args, "model.block=none", cwd=byo_project)
+    told = launch(*args, "strategy=fsdp", "model.block=none", "launcher.dry_run=true", cwd=byo_project)
     assert told.returncode == 0, told.stderr[-2000:]
+    # DDP replicates the whole model: it needs no blocks, and is not asked for them.
+    ddp = launch(*args, "strategy=ddp", cwd=byo_project)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
 
 
 def test_the_projects_own_groups_are_checked_against_the_schema(byo_project: Path, tmp_path: Path) -> None:

@@ -26,6 +26,23 @@ def test_requeue_limit_ends_the_job_with_a_clear_message(monkeypatch: pytest.Mon
         after_stop(_env("slurm"), cfg, step=17)
 
 
+def test_requeues_after_crashes_and_hangs_do_not_count_against_the_preemption_limit(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from launcher.events import record_event
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    rank0 = DistEnv(0, 0, 2, 1, "n1", 1, "slurm", "n1")
+    cfg = OmegaConf.create({"cluster": {"max_requeues": 3}})
+    record_event(tmp_path, "preempted", job="42")
+    record_event(tmp_path, "crashed", job="42")
+    record_event(tmp_path, "hung", job="41")  # another job's failure (an earlier submission): not this job's requeue
+    with pytest.raises(RequeueLimitReached):  # 3 restarts, 1 after a crash: 2 preemption requeues, the limit
+        after_stop(rank0, OmegaConf.create({"cluster": {"max_requeues": 2}}), 5, run_dir=tmp_path)
+    record_event(tmp_path, "hung", job="42")
+    assert after_stop(rank0, cfg, 5, run_dir=tmp_path) == StopOutcome(0, "42")  # 1 preemption of 3
+
+
 def test_below_the_limit_non_zero_ranks_leave_the_requeue_to_rank_0(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")

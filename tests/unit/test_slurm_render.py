@@ -50,7 +50,7 @@ def test_secrets_in_setup_lines_or_extra_sbatch_are_refused(run_root: Path, over
 @pytest.mark.parametrize(("override", "message"), [
     ("cluster.signal=KILL", "not a signal the ranks can catch"),
     ("cluster.signal=FOO", "not a signal the ranks can catch"),
-    ("cluster.signal_lead_s=70000", "between 1 and 65535"),
+    ("cluster.signal_lead_s=70000", "a value in [1, 65535]"),
 ])
 def test_bad_signal_settings_are_refused_before_anything_is_written(run_root: Path, override: str,
                                                                    message: str) -> None:

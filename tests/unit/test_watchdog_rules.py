@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from launcher.events import counts, goodput, read_events, record_event, unexpected_failures
 from launcher.schema import WatchdogConfig
-from train.watchdog import MIN_OBSERVATIONS, Watchdog
+from train.watchdog import MIN_OBSERVATIONS, Watchdog, culprit_host, least_progress
 
 
 def _cfg(**overrides: object) -> object:
@@ -59,3 +59,24 @@ def test_nccl_failure_handling_comes_from_the_cluster_config(tmp_path: Path) -> 
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "hangs" / "nccl_trace_rank_")
     cluster.nccl_flight_recorder_entries = 0
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in nccl_env(cluster, tmp_path)
+
+
+def test_the_rank_that_got_least_far_is_the_culprit_and_its_host_is_named() -> None:
+    def dump(host: str, step: int, marks: int) -> dict[str, object]:
+        return {"host": host, "last_finished_step": step, "marks": marks}
+
+    # Rank 2 never loaded its micro batch while the others wait in backward's collective.
+    headers = {0: dump("n1", 16, 2), 1: dump("n1", 16, 2), 2: dump("n2", 16, 0), 3: dump("n2", 16, 2)}
+    assert least_progress(headers, 4) == [2] and culprit_host(headers, [2]) == "n2"
+    # A rank a step behind is the culprit even with more marks.
+    headers[1] = dump("n1", 15, 3)
+    assert least_progress(headers, 4) == [1] and culprit_host(headers, [1]) == "n1"
+    # A rank that wrote no dump (stuck where Python can't run) is the culprit.
+    del headers[3]
+    assert least_progress(headers, 4) == [3] and culprit_host(headers, [3]) is None
+    # All equally far: nobody to blame, no host left out.
+    same = {r: dump(f"n{r}", 16, 2) for r in range(3)}
+    assert least_progress(same, 3) == [] and culprit_host(same, []) is None
+    # Culprits on two hosts: no single host to leave out.
+    two = {0: dump("n1", 16, 0), 1: dump("n2", 16, 0), 2: dump("n3", 16, 1)}
+    assert least_progress(two, 3) == [0, 1] and culprit_host(two, [0, 1]) is None

@@ -21,6 +21,20 @@ REGISTRY = {
     "zero3_offload": "train.strategies.deepspeed:DeepSpeedStrategy",
 }
 
+# Strategies that shard model by model block (FSDP's units): they need the model's blocks found.
+PER_BLOCK = ("fsdp", "fsdp_grad_op", "hsdp")
+
+
+def needs_blocks(strategy_cfg: Any) -> str | None:
+    """Why this strategy config needs the model's repeated blocks, or None when it can train a model without."""
+    if getattr(strategy_cfg, "activation_checkpointing", False):
+        return "strategy.activation_checkpointing=true recomputes per block"
+    if getattr(strategy_cfg, "compile", False):
+        return "strategy.compile=true compiles per block"
+    if getattr(strategy_cfg, "name", None) in PER_BLOCK:
+        return f"strategy={strategy_cfg.name} shards per block"
+    return None
+
 
 def build_strategy(cfg: Any, env: Any, device: Any) -> Strategy:
     """The strategy named by cfg.strategy.name (its module is imported only now)."""
@@ -29,4 +43,4 @@ def build_strategy(cfg: Any, env: Any, device: Any) -> Strategy:
     return cls(cfg, env, device)  # type: ignore[no-any-return]
 
 
-__all__ = ["REGISTRY", "build_strategy"]
+__all__ = ["PER_BLOCK", "REGISTRY", "build_strategy", "needs_blocks"]

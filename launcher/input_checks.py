@@ -1,0 +1,114 @@
+"""Checks of what the user points at, before any worker starts: the run root, the token file (existence, access,
+format, size, and its token ids against the vocabulary), and tracker credentials when logging online.
+
+Everything here is cheap: a token file is read whole only up to SCAN_BYTES; beyond that, SAMPLE_WINDOWS evenly
+spaced windows are read (a bad id elsewhere still ends in a one-line error on the ranks).
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig
+
+from launcher.errors import ConfigError
+
+SCAN_BYTES = 256 * 2**20
+SAMPLE_WINDOWS = 256
+WINDOW_BYTES = 2**20
+
+
+def check_run_root(cfg: DictConfig) -> None:
+    root = Path(str(cfg.run.root)).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"run.root={cfg.run.root} is a file, not a directory: point run.root at a directory")
+    existing = next(p for p in (root.absolute(), *root.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"run.root={cfg.run.root} lies inside a file ({existing}): point run.root at a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.root={cfg.run.root} can't be written ({existing} is not writable for you): point "
+                          "run.root at a directory you can write")
+
+
+def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int) -> str | None:
+    """Why the token file can't be trained on (the message's middle), or None."""
+    import numpy as np
+
+    file = Path(path).expanduser()
+    if not file.exists():
+        return "does not exist"
+    if not file.is_file():
+        return "is not a regular file"
+    if not os.access(file, os.R_OK):
+        return "is not readable for you"
+    size = file.stat().st_size
+    itemsize = np.dtype(dtype).itemsize
+    if size == 0:
+        return "is empty"
+    if size % itemsize:
+        return (f"is {size} bytes, not a whole number of data.dtype={dtype} tokens ({itemsize} bytes each): is "
+                "data.dtype right?")
+    if size // itemsize < seq_len + 1:
+        return (f"holds {size // itemsize} tokens, fewer than one sample (data.seq_len + 1 = {seq_len + 1}): lower "
+                "data.seq_len or use a longer file")
+    tokens = np.memmap(file, dtype=np.dtype(dtype), mode="r")
+    windows: list[Any]
+    if size <= SCAN_BYTES:
+        windows = [tokens]
+    else:
+        per = WINDOW_BYTES // itemsize
+        starts = np.linspace(0, len(tokens) - per, SAMPLE_WINDOWS).astype(np.int64)
+        windows = [tokens[s : s + per] for s in starts]
+    low = min(int(w.min()) for w in windows)
+    high = max(int(w.max()) for w in windows)
+    if low < 0 or high >= vocab_size:
+        bad = high if high >= vocab_size else low
+        return (f"holds token id {bad}, outside the vocabulary of model.vocab_size={vocab_size}: is data.dtype "
+                f"right, or does the model need model.vocab_size>{high}?")
+    return None
+
+
+def check_token_file(cfg: DictConfig) -> None:
+    d = cfg.data
+    if d.get("_target_") or d.name != "tokens":
+        return
+    if not d.path:
+        raise ConfigError("data=tokens needs a token file: add data.path=/path/to/tokens.bin")
+    problem = token_file_problem(str(d.path), str(d.dtype), int(d.seq_len), int(cfg.model.vocab_size))
+    if problem:
+        raise ConfigError(f"data.path={d.path} {problem}" + ("" if ":" in problem else
+                                                             ": point data.path at a file of token ids"))
+
+
+def _netrc_has(host: str) -> bool:
+    try:
+        return netrc.netrc(os.environ.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_credentials(cfg: DictConfig) -> None:
+    """logger.mode=online must be able to log in on the ranks; the key itself is never read into a file."""
+    lg = cfg.logger
+    if lg.backend != "wandb" or lg.mode != "online" or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return
+    key = os.environ.get("WANDB_API_KEY")
+    if key is not None:
+        if not key.strip() or any(c.isspace() for c in key):
+            raise ConfigError("WANDB_API_KEY is empty or holds whitespace: export the key exactly as shown at "
+                              "wandb.ai/authorize, or use logger.mode=offline")
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    if not _netrc_has(host):
+        raise ConfigError(f"logger.mode=online needs wandb credentials and none were found (no WANDB_API_KEY, no "
+                          f"{host} entry in ~/.netrc): run `wandb login`, or use logger.mode=offline")
+
+
+def check_inputs(cfg: DictConfig) -> None:
+    check_run_root(cfg)
+    check_token_file(cfg)
+    check_credentials(cfg)

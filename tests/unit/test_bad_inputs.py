@@ -1,0 +1,197 @@
+"""Bad input, as a user types it: every case exits 2 with one `error:` line that names the fix, and creates or
+changes nothing (the project directory and the run root, byte for byte; nothing queued).
+
+Each case runs `python -m launcher` in its own copy of examples/byo_project (a shell-hostile path, with its own
+conf/, model.py, data.py and the files the cases point at), several cases at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import copy_example, hq, launcher_env
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    expect: str  # in the one error line: what is wrong and the fix
+    env: dict[str, str] = field(default_factory=dict)
+
+
+BYO = ("--config-dir", "conf")
+CLUSTER = ("+cluster=local_slurm",)
+CASES = [
+    # -- config values ----------------------------------------------------------------------------------------
+    Case("lr-negative", ("optim.lr=-1",), "optim.lr=-1.0 is out of range: set optim.lr to a value above 0"),
+    Case("beta2-one", ("optim.beta2=1.0",), "set optim.beta2 to a value in [0, 1)"),
+    Case("seed-negative", ("trainer.seed=-3",), "set trainer.seed to a value in [0, 4294967295]"),
+    Case("dropout-nan", ("model.dropout=nan",), "set model.dropout to a value in [0, 1)"),
+    Case("max-steps-zero", ("trainer.max_steps=0",), "set trainer.max_steps to a value at least 1"),
+    Case("watchdog-factor", ("watchdog.factor=0.5",), "set watchdog.factor to a value at least 1"),
+    Case("global-batch", ("trainer.global_batch_size=20", "local.nproc=2"), "pick a global batch that is a multiple "
+                                                                          "of 16"),
+    Case("heads-divide", ("model.d_model=65",), "model.d_model=65 is not divisible by model.n_heads=4"),
+    Case("lr-scaling-choice", ("optim.lr_scaling=cubic",), "is not one of none, linear, sqrt: set optim.lr_scaling"),
+    Case("lr-scaling-reference", ("optim.lr_scaling=linear",), "add optim.reference_batch_size=N"),
+    Case("verify-choice", ("checkpoint.verify=fast",), "checkpoint.verify=fast is not one of size, full"),
+    Case("unknown-key", ("+trainer.foo=1",), "trainer.foo is not a slurmtrain key: drop +trainer.foo"),
+    Case("misspelled-key", ("trainer.max_step=3",), "did you mean trainer.max_steps?"),
+    Case("wrong-type", ("trainer.max_steps=many",), "give trainer.max_steps a value of its type"),
+    Case("group-choice", ("strategy=nope",), "choose strategy= one of auto, ddp"),
+    Case("grammar", ("model.d_model=[1",), "write overrides as key=value"),
+    Case("section-removed", ("~model",), "model is required and was removed (~model): choose one with model=NAME"),
+    Case("seq-len-context", ("data.seq_len=128",), "set data.seq_len<=64"),
+    Case("single-many-ranks", ("strategy=single", "local.nproc=2"), "use strategy=ddp"),
+    Case("zero-stage", ("strategy=zero2", "strategy.zero_stage=5"), "set strategy.zero_stage to a value in [0, 3]"),
+    Case("hsdp-degree", ("strategy=hsdp", "local.nproc=2", "strategy.replicate_degree=3"), "pick a divisor of 2"),
+    Case("run-name-slash", ("run.name=a/b",), "drop the slashes"),
+    # -- paths and files ----------------------------------------------------------------------------------------
+    Case("tokens-no-path", ("data=tokens",), "add data.path=/path/to/tokens.bin"),
+    Case("tokens-missing", ("data=tokens", "data.path=missing.bin"), "data.path=missing.bin does not exist: point"),
+    Case("tokens-directory", ("data=tokens", "data.path=conf"), "is not a regular file"),
+    Case("tokens-odd-size", ("data=tokens", "data.path=odd.bin"), "not a whole number of data.dtype=uint16 tokens"),
+    Case("tokens-empty", ("data=tokens", "data.path=empty.bin"), "data.path=empty.bin is empty"),
+    Case("tokens-short", ("data=tokens", "data.path=short.bin"), "fewer than one sample (data.seq_len + 1 = 65): "
+                                                                 "lower data.seq_len"),
+    Case("tokens-vocab", ("data=tokens", "data.path=tokens.bin"), "holds token id 999, outside the vocabulary of "
+                                                                  "model.vocab_size=256"),
+    Case("tokens-dtype", ("data=tokens", "data.path=tokens.bin", "model.vocab_size=1000", "data.dtype=float32"),
+         "data.dtype=float32 is not one of"),
+    Case("run-root-file", ("run.root=odd.bin",), "run.root=odd.bin is a file, not a directory"),
+    Case("run-root-in-file", ("run.root=odd.bin/runs",), "lies inside a file"),
+    Case("hf-no-config", ("model=hf_causal_lm",), "add model.config_path=PATH"),
+    Case("hf-bad-json", ("model=hf_causal_lm", "model.config_path=broken.json"), "is not a readable JSON config"),
+    Case("hf-not-hf", ("model=hf_causal_lm", "model.config_path=plain.json"), "has no model_type"),
+    Case("config-dir-missing", ("--config-dir", "no_such_conf"), "point --config-dir at your project's conf"),
+    # -- a user's model and data (asked of them at launch) --------------------------------------------------------
+    Case("target-module", ("model._target_=nosuchmod.Net",), "can't be imported: run from the directory"),
+    Case("target-attribute", (*BYO, "model=conv_lm", "model._target_=model.Nope"), "model has no Nope: check the name"),
+    Case("data-target", (*BYO, "model=conv_lm", "data=chars", "data._target_=data.Missing"), "data has no Missing"),
+    Case("hf-config-missing", ("model=hf_causal_lm", "model.config_path=nowhere.json"), "no such config file"),
+    Case("target-args", (*BYO, "model=conv_lm", "+model.args.width=3"), "does not take these arguments"),
+    Case("data-args", (*BYO, "model=conv_lm", "data=chars", "+data.args.lenght=3"), "fix data.args"),
+    Case("data-sample-length", (*BYO, "model=conv_lm", "data=chars", "data.args.seq_len=48"),
+         "make the dataset return 65 or set data.seq_len=48"),
+    Case("data-file", (*BYO, "model=conv_lm", "data=chars", "data.args.path=missing.txt"),
+         "could not give its first sample (FileNotFoundError"),
+    Case("data-vocab", (*BYO, "model=conv_lm", "data=chars", "model.args.vocab_size=64"),
+         "but the model embeds only 64 ids"),
+    Case("model-vocab", (*BYO, "model=conv_lm", "model.args.vocab_size=64"), "set model.vocab_size=64"),
+    Case("block-name", (*BYO, "model=conv_lm", "model.block=Attention"), "names no module of this model: pick one of Conv1d, ConvBlock"),
+    Case("ac-without-blocks", (*BYO, "model=conv_lm", "model.block=none", "strategy.activation_checkpointing=true"),
+         "name the block class with model.block=ClassName"),
+    # -- credentials ----------------------------------------------------------------------------------------------
+    Case("online-no-key", ("logger.mode=online",), "run `wandb login`, or use logger.mode=offline"),
+    Case("online-bad-key", ("logger.mode=online",), "WANDB_API_KEY is empty or holds whitespace",
+         env={"WANDB_API_KEY": "abc def"}),
+    Case("secret-in-cluster-env", (*CLUSTER, "+cluster.env.WANDB_API_KEY=abc"), "secrets are never written into "
+                                                                              "sbatch scripts"),
+    # -- cluster settings -----------------------------------------------------------------------------------------
+    Case("cluster-missing", ("+cluster=nope",), "choose cluster= one of"),
+    Case("cluster-torchrun", (*CLUSTER, "cluster.launch=torchrun"), "use cluster.launch=srun"),
+    Case("cluster-time-limit", (*CLUSTER, "cluster.time_limit_min=1"), "raise cluster.time_limit_min above 2"),
+    Case("cluster-signal", (*CLUSTER, "cluster.signal=KILL"), "is not a signal the ranks can catch: use USR1"),
+    Case("cluster-nodes", (*CLUSTER, "cluster.nodes=0"), "set cluster.nodes to a value at least 1"),
+    Case("cluster-mfu", ("+cluster=a100x16", "cluster.assumed_mfu=2"), "set cluster.assumed_mfu to a value in (0, 1]"),
+    Case("cluster-nccl", ("+cluster=a100x16", "cluster.nccl_async_error_handling=7"),
+         "set cluster.nccl_async_error_handling to a value in [0, 3]"),
+    # -- sweeps ---------------------------------------------------------------------------------------------------
+    Case("sweep-point", ("-m", "local.nproc=2", "trainer.global_batch_size=16,20"),
+         "sweep point 1 (trainer.global_batch_size=20)"),
+    Case("sweep-range", ("-m", "optim.lr=1e-3,-1"), "optim.lr=-1.0 is out of range"),
+    Case("sweep-name", ("-m", "trainer.seed=1,2", "launcher.sweep_name=a/b"), "launcher.sweep_name"),
+    Case("sweep-same-dir", ("-m", "trainer.seed=1,2", "run.name=same"), "same"),
+    Case("free-form-key", (*BYO, "model=conv_lm", "model.args.width=3"), "add it with +model.args.width=3"),
+    Case("sweep-grammar", ("-m", "trainer.seed=1,[2"), "expecting {COMMA, BRACKET_CLOSE}: write overrides as"),
+]
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every file and directory below `folder` (byte content by hash), so that any change shows."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        rel = str(path.relative_to(folder))
+        if "__pycache__" in rel:
+            continue  # Python's own cache, written by importing the project's modules
+        out[rel] = hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+    return out
+
+
+def _make_files(project: Path) -> None:
+    np.arange(1000, dtype=np.uint16).tofile(project / "tokens.bin")
+    np.arange(10, dtype=np.uint16).tofile(project / "short.bin")
+    (project / "odd.bin").write_bytes(b"\0" * 1001)
+    (project / "empty.bin").write_bytes(b"")
+    (project / "broken.json").write_text('{"model_type": "llama",')
+    (project / "plain.json").write_text(json.dumps({"hidden_size": 8}))
+    (project / "runs").mkdir()
+    (project / "runs" / "keep.txt").write_text("a user's file\n")
+
+
+def _queued() -> str | None:
+    if shutil.which("squeue") is None:
+        return None
+    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stderr: str
+    changed: list[str]
+
+
+def _run(case: Case, base: Path) -> Outcome:
+    project = copy_example(base / case.id)
+    _make_files(project)
+    home = base / case.id / "home"  # no ~/.netrc: credentials come only from what the case sets
+    home.mkdir()
+    before = _snapshot(project)
+    args = list(case.args)
+    if not any(a.startswith("run.root") for a in args):
+        args.append(f"run.root={hq(project / 'runs')}")
+    env = launcher_env(HOME=str(home), **case.env)
+    env.pop("WANDB_MODE", None)  # the credential cases log online; nothing else gets that far
+    out = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=project, env=env, capture_output=True,
+                         text=True, timeout=300)
+    after = _snapshot(project)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return Outcome(out.returncode, out.stderr, changed)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+    base = tmp_path_factory.mktemp("bad_inputs")
+    queued = _queued()
+    with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
+        results = dict(zip([c.id for c in CASES], pool.map(lambda c: _run(c, base), CASES), strict=True))
+    assert _queued() == queued, "a bad input reached the SLURM queue"
+    return results
+
+
+def test_the_suite_covers_every_kind_of_input() -> None:
+    assert len({c.id for c in CASES}) == len(CASES) >= 30
+    assert len({c.expect for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(case: Case, outcomes: dict[str, Outcome]) -> None:
+    out = outcomes[case.id]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert case.expect in lines[0], lines[0]
+    assert out.changed == [], out.changed
