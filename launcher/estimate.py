@@ -158,6 +158,9 @@ class ModelShape:
     config: Any = None
     # Training FLOPs per token when the model says (a user's model: model.flops_per_token); else computed.
     model_flops_per_token: float | None = None
+    # The share of the activations one rank keeps: 1 / tensor-parallel degree (sequence parallel splits the rest;
+    # a 1F1B pipeline stage keeps pp micro batches of 1 / pp of the layers, which is the whole model's once).
+    activation_share: float = 1.0
 
     @classmethod
     def ours(cls, m: Any, n_params: int) -> ModelShape:
@@ -216,9 +219,10 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
         if s.activation_checkpointing:
             # Each block keeps only its input; backward recomputes one block at a time.
             activations = tokens * (m.n_layers * FP32 * m.d_model + head_activation_bytes(m))
-            temporary += tokens * per_block
+            temporary += tokens * per_block * shape.activation_share
         else:
             activations = tokens * (m.n_layers * per_block + head_activation_bytes(m))
+        activations *= shape.activation_share
     if shape.vocab_size:
         # The logits (compute dtype), their fp32 copy for the loss and its gradient.
         temporary += tokens * shape.vocab_size * (compute_bytes + 2 * FP32)

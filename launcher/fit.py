@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
 from launcher.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
+from launcher.parallel import COMPOSABLE
 from launcher.schema import StrategyConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -153,8 +154,11 @@ class Option:
 def candidates(cfg: DictConfig, world: int, has_gpus: bool) -> tuple[list[str], list[str]]:
     """Strategy names to try, in strategy=auto's order, and why the others cannot be used here."""
     names, skipped = [], []
+    model_parallel = int(cfg.parallel.tp) * int(cfg.parallel.pp) > 1
     for name in AUTO_SINGLE if world == 1 else AUTO_MULTI:
         why_not = unavailable(name, cfg, has_gpus)
+        if model_parallel and name.split("+")[0] not in COMPOSABLE:
+            why_not = "does not compose with parallel.tp/pp"
         if why_not:
             skipped.append(f"{name}: {why_not}")
         elif not (cfg.strategy.activation_checkpointing and not name.endswith("+ac")):

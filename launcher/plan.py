@@ -24,11 +24,21 @@ from launcher.fit import Budget, Fit, budget, check_fit, scaled_lr
 from launcher.hf_config import HF_TARGET, apply_hf_config
 from launcher.input_checks import check_inputs
 from launcher.key_checks import check_keys
+from launcher.parallel import (
+    MIN_MICRO_PER_STAGE,
+    check_layout,
+    check_micro_batches,
+    model_parallel_shape,
+    not_built,
+    summary_lines,
+)
 from launcher.probe import needs_probe, probe
 
 # Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
 # with more steps or another log interval resumes in the same directory.
 NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile", "watchdog",
+                 # The layout: a run may resume on another one (DCP reshards).
+                 "parallel",
                  "trainer.max_steps",
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every",
                  # Derived from the global batch and the world size: a run may resume on another world size.
@@ -57,6 +67,9 @@ class Plan:
     budget: Budget | None = None
     # Why the plan has no memory estimate (a user's model that can't be built on the meta device).
     model_note: str = ""
+    # The world size over the tensor and pipeline parallel degrees, and how the ranks land on nodes.
+    data_parallel: int = 0
+    layout_lines: tuple[str, ...] = ()
 
     @property
     def gpu_hours(self) -> float:
@@ -82,9 +95,10 @@ class Plan:
         lines = [
             f"plan: {self.mode}, world size {self.world_size}, effective batch {self.global_batch_size} "
             f"(micro {self.micro_batch_size} x accumulation {self.grad_accum_steps} x data-parallel "
-            f"{self.world_size}) = {self.tokens_per_step} tokens/step, model {self._params()} parameters, "
-            f"run directory {self.run_dir}{self.cost_line()}"
+            f"{self.data_parallel or self.world_size}) = {self.tokens_per_step} tokens/step, model {self._params()} "
+            f"parameters, run directory {self.run_dir}{self.cost_line()}"
         ]
+        lines += [f"  {line}" for line in self.layout_lines]
         if self.model_note:
             lines.append(f"  {self.model_note}")
         if self.fit is not None:
@@ -241,10 +255,12 @@ def _check_strategy(cfg: DictConfig, world: int) -> None:
 
 
 def _resolve_accumulation(cfg: DictConfig, world: int) -> int:
+    """`world`: the data-parallel size (the world size over tensor x pipeline parallel degrees). Unset, a pipeline
+    gets 4 micro batches per stage, anything else 1."""
     t = cfg.trainer
     per_step = t.micro_batch_size * world
     if t.global_batch_size is None:
-        return int(t.grad_accum_steps or 1)
+        return int(t.grad_accum_steps or (MIN_MICRO_PER_STAGE * cfg.parallel.pp if cfg.parallel.pp > 1 else 1))
     if t.global_batch_size % per_step:
         raise ConfigError(
             f"trainer.global_batch_size={t.global_batch_size} is not divisible by trainer.micro_batch_size x "
@@ -293,15 +309,22 @@ def make_plan(cfg: DictConfig) -> Plan:
     shape, shape_note = model_shape(cfg)
     nodes = int(cfg.cluster.nodes) if cfg.cluster is not None else 1
     local_gpus = local_gpu_count() if cfg.cluster is None else 0
+    degrees = check_layout(cfg, world, tasks_per_node(cfg.cluster) if cfg.cluster is not None else world)
+    dp = degrees.dp
     fit = None
     if shape is not None:
-        fit = check_fit(cfg, world, nodes, shape, local_gpus, refuse=not cfg.launcher.prepare_only)
+        fit = check_fit(cfg, dp, nodes, model_parallel_shape(shape, degrees), local_gpus,
+                        refuse=not cfg.launcher.prepare_only)
     elif cfg.strategy.name == "auto":
         raise ConfigError(f"strategy=auto needs a memory estimate, and there is none ({shape_note}): name the "
                           "strategy, for example strategy=fsdp")
-    _check_strategy(cfg, world)
-    accum = _resolve_accumulation(cfg, world)
-    global_batch = cfg.trainer.micro_batch_size * accum * world
+    _check_strategy(cfg, dp)
+    accum = _resolve_accumulation(cfg, dp)
+    check_micro_batches(degrees, accum)
+    global_batch = cfg.trainer.micro_batch_size * accum * dp
+    unbuilt = not_built(cfg, degrees)
+    if unbuilt and not cfg.launcher.dry_run:
+        raise ConfigError(unbuilt)
     lr = scaled_lr(cfg, global_batch)
     with open_dict(cfg):
         cfg.trainer.grad_accum_steps = accum
@@ -330,6 +353,8 @@ def make_plan(cfg: DictConfig) -> Plan:
             cfg, world, global_batch * cfg.data.seq_len,
             int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node) if cfg.cluster is not None else local_gpus, shape),
         model_note=shape_note,
+        data_parallel=dp,
+        layout_lines=tuple(summary_lines(degrees, world, accum)),
         **_reservation(cfg),
     )
 

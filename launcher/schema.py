@@ -118,6 +118,22 @@ class StrategyConfig:
 
 
 @dataclass
+class ParallelConfig:
+    # Tensor parallelism: each block's attention heads and MLP split over this many GPUs of one node (Megatron's
+    # column / row pattern, sequence parallel norms). Data parallelism (strategy=fsdp/hsdp/ddp) is what is left:
+    # world size / (tp x pp).
+    tp: int = num(1, 1)
+    # Pipeline parallelism: the blocks split evenly into this many stages, consecutive stages on consecutive nodes.
+    pp: int = num(1, 1)
+    # 1f1b | interleaved_1f1b; a step's accumulation steps are the pipeline's micro batches (at least 4 x pp).
+    pp_schedule: str = "1f1b"
+    # interleaved_1f1b: model chunks per pipeline rank.
+    pp_virtual_stages: int = num(2, 1)
+    # Tensor parallelism across nodes is refused (it collapses MFU over the network) unless this is set.
+    allow_cross_node_tp: bool = False
+
+
+@dataclass
 class PrecisionConfig:
     name: str = MISSING
     # Dtype of the autocast region; fp32 means no autocast.
@@ -297,6 +313,7 @@ class Config:
     optim: OptimConfig = MISSING
     strategy: StrategyConfig = MISSING
     precision: PrecisionConfig = MISSING
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     run: RunConfig = field(default_factory=RunConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
