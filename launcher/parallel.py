@@ -72,6 +72,15 @@ def check_layout(cfg: DictConfig, world: int, ranks_per_node: int) -> Degrees:
                               f"model.n_kv_heads={kv}: pick a tp that divides both")
         if m.ffn_hidden % d.tp:
             raise ConfigError(f"parallel.tp={d.tp} does not divide model.ffn_hidden={m.ffn_hidden}: pick one that does")
+    if d.tp > 1 and m.position == "learned":
+        raise ConfigError("learned position embeddings (GPT-2) are not split by tensor parallelism yet: use "
+                          "model.position=rope, or parallel.tp=1")
+    if d.dp > 1 and cfg.strategy.name == "ddp":
+        raise ConfigError(f"strategy=ddp does not compose with parallel.tp/pp over {d.dp} replicas: use "
+                          "strategy=fsdp (or hsdp)")
+    if d.pp > 1 and cfg.precision.name == "fp16":
+        raise ConfigError("precision=fp16 (loss scaling) with pipeline parallelism is not supported: use "
+                          "precision=bf16")
     if (d.tp > 1 or d.pp > 1) and m.tie_embeddings:
         raise ConfigError(f"model={m.name} ties its embedding to its output layer, which tensor and pipeline "
                           "parallelism split apart: set model.tie_embeddings=false")
@@ -158,10 +167,9 @@ def model_parallel_shape(shape: Any, d: Degrees) -> Any:
 
 
 def not_built(cfg: DictConfig, d: Degrees) -> str | None:
-    """Training with tp or pp > 1 is planned and checked here; the training side does not run it yet."""
-    if d.tp == 1 and d.pp == 1:
-        return None
-    return (f"parallel.tp={d.tp} parallel.pp={d.pp}: the layout above checks out, but tensor and pipeline "
-            "parallel training is not built yet: look at the plan with launcher.dry_run=true, or train with "
-            "parallel.tp=1 parallel.pp=1")
+    """What the plan can lay out but training does not run yet."""
+    if d.pp > 1 and d.virtual > 1:
+        return ("parallel.pp_schedule=interleaved_1f1b is planned (its bubble is shown with launcher.dry_run=true) "
+                "but not built yet: use parallel.pp_schedule=1f1b")
+    return None
 

@@ -53,7 +53,7 @@ def _hf_declared(model: nn.Module) -> set[type]:
 def _largest_list(model: nn.Module) -> set[type]:
     best: tuple[int, type] | None = None
     for container in model.modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+        if not isinstance(container, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
         children = list(container.children())
         kinds = {type(c) for c in children}

@@ -57,6 +57,21 @@ class ModelOptimState(Stateful):
                        optim_state_dict=state_dict["optim"])
 
 
+def refuse_fused_layout(dcp_dir: Path) -> None:
+    """Checkpoints of our transformer written before its projections were split (fused attn.kv and SwiGLU up,
+    which tensor parallelism can't shard) name parameters this model no longer has: say so in one line."""
+    from launcher.errors import ConfigError
+
+    try:
+        keys = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+    except Exception:  # unreadable metadata: DCP's own load reports it
+        return
+    if any(k.endswith(".attn.kv.weight") for k in keys):
+        raise ConfigError(f"{dcp_dir.parent} was written by slurmtrain before commit a56c7c7, whose transformer "
+                          "fused attn.kv: finish this run with that release, or start over with run.resume=false "
+                          "run.overwrite=true")
+
+
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -226,6 +241,7 @@ class CheckpointManager:
             self.strategy.model.load_checkpoint(str(checkpoint.path), tag="model_optim", load_optimizer_states=True,
                                                 load_lr_scheduler_states=False)
         else:
+            refuse_fused_layout(checkpoint.path / "model_optim")
             target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
             dcp.load(target, checkpoint_id=checkpoint.path / "model_optim", process_group=self.group)
         trainer_state: dict[str, Any] = torch.load(checkpoint.path / "trainer_state.pt", weights_only=False)

@@ -75,8 +75,10 @@ def new_wandb_id(cfg: Any, env: DistEnv) -> str | None:
 TRACE_SAMPLES_ENV = "SLURMTRAIN_TRACE_SAMPLES"
 
 
-def trace_samples(state: TrainState, env: DistEnv, indices: list[int]) -> None:
+def trace_samples(state: TrainState, env: DistEnv, indices: list[int], strategy: Strategy | None = None) -> None:
     trace_dir = os.environ.get(TRACE_SAMPLES_ENV)
+    if strategy is not None and strategy.layout is not None and not strategy.layout.feeds_data:
+        return  # a tensor-parallel peer or a later stage of the same replica: the same samples
     if trace_dir:
         with open(Path(trace_dir) / f"rank{env.rank}_world{env.world_size}.txt", "a") as f:
             f.write(f"{state.step + 1} {' '.join(map(str, indices))}\n")
@@ -93,10 +95,12 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
     counts progress inside the step (the watchdog's: a hung rank is the one that got least far)."""
     t = cfg.trainer
     accum = t.grad_accum_steps
+    if strategy.pipeline is not None:
+        return pipeline_step(strategy, source, state, cfg, env, device, timer, mark)
     loss_sum = torch.zeros((), device=device)
     consumed: list[int] = []
     for micro in range(accum):
-        idx = micro_batch_indices(state.samples, micro, env.rank, env.world_size, t.micro_batch_size)
+        idx = micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size, t.micro_batch_size)
         consumed.extend(idx)
         with timer.data():
             inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
@@ -109,8 +113,25 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
             mark()
             strategy.backward(loss / accum)
         loss_sum += loss.detach()
-    trace_samples(state, env, consumed)
+    trace_samples(state, env, consumed, strategy)
     return loss_sum / accum
+
+
+def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any, env: DistEnv,
+                  device: torch.device, timer: StepTimer, mark: Callable[[], None]) -> torch.Tensor:
+    """A pipeline stage's step: the step's micro batches, in order, go through the schedule together."""
+    t = cfg.trainer
+    consumed: list[int] = []
+    with timer.data():
+        for micro in range(t.grad_accum_steps):
+            consumed.extend(micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size,
+                                                t.micro_batch_size))
+        inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, consumed))
+    mark()
+    with timer.synchronised(True):
+        loss = strategy.pipeline.step(inputs, targets)
+    trace_samples(state, env, consumed, strategy)
+    return loss
 
 
 def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: StopFlag | None = None,
@@ -141,12 +162,12 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         ckpt.prepare_async()  # the staging buffers, allocated once before training rather than in the first save
 
     source = build_source(cfg.data, cfg.model.vocab_size)
-    global_batch = t.micro_batch_size * t.grad_accum_steps * env.world_size
+    global_batch = t.micro_batch_size * t.grad_accum_steps * strategy.dp_size
     if env.is_main:
         log.info(
             "effective batch %d sequences (micro %d x accumulation %d x data-parallel %d) = %d tokens/step; "
             "strategy %s, precision %s, device %s",
-            global_batch, t.micro_batch_size, t.grad_accum_steps, env.world_size, global_batch * cfg.data.seq_len,
+            global_batch, t.micro_batch_size, t.grad_accum_steps, strategy.dp_size, global_batch * cfg.data.seq_len,
             strategy.name, cfg.precision.name, device,
         )
     watcher = PreemptionWatcher(env, device, flag)

@@ -42,25 +42,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    """Separate q, k, v projections: tensor parallelism splits each by heads (a fused kv would split into k on one
+    rank and v on the other). `n_heads` and `n_kv_heads` are this rank's heads."""
+
     def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
         self.head_dim = cfg.d_model // cfg.n_heads
         self.q = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=False)
-        self.kv = nn.Linear(cfg.d_model, 2 * self.n_kv_heads * self.head_dim, bias=False)
+        self.k = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
+        self.v = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
         self.out = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv(x).view(b, t, 2, self.n_kv_heads, self.head_dim).unbind(2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.n_kv_heads != self.n_heads:
-            repeat = self.n_heads // self.n_kv_heads
+        if k.shape[1] != q.shape[1]:
+            repeat = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
@@ -69,21 +73,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU (gate, up, down) or GELU (up, down); separate projections so that tensor parallelism splits each."""
+
     def __init__(self, cfg: Any) -> None:
         super().__init__()
-        self.swiglu = cfg.mlp == "swiglu"
-        up_width = 2 * cfg.ffn_hidden if self.swiglu else cfg.ffn_hidden
-        self.up = nn.Linear(cfg.d_model, up_width, bias=False)
+        self.gate = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False) if cfg.mlp == "swiglu" else None
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
         self.down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(x)
-        if self.swiglu:
-            gate, value = h.chunk(2, dim=-1)
-            h = F.silu(gate) * value
-        else:
-            h = F.gelu(h, approximate="tanh")
-        return self.down(h)
+        if self.gate is not None:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
 
 
 class Block(nn.Module):
@@ -100,14 +101,22 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    """Blocks in a ModuleDict keyed by layer number: the same names as a list ("blocks.3"), and a pipeline stage
+    that keeps only its own layers keeps their names, so checkpoints load across layouts. A stage without the
+    first layer has no embedding (its input is the previous stage's hidden state); one without the last has no
+    final norm and output layer."""
+
+    # The block class, declared as Hugging Face models do (train/blocks.py reads it): a pipeline stage may hold one.
+    _no_split_modules = ["Block"]
+
     def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = make_norm(cfg.norm, cfg.d_model)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
+        self.final_norm: nn.Module | None = make_norm(cfg.norm, cfg.d_model)
+        self.lm_head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         if cfg.position == "rope":
@@ -126,13 +135,31 @@ class Transformer(nn.Module):
             is_residual = name.endswith("out.weight") or name.endswith("down.weight")
             nn.init.normal_(p, mean=0.0, std=residual_std if is_residual else std)
 
+    def keep_layers(self, layers: range) -> None:
+        """Make this model one pipeline stage: only `layers`, and the embedding / output layer if it has the
+        first / last of them."""
+        for key in [k for k in self.blocks if int(k) not in layers]:
+            del self.blocks[key]
+        if layers.start != 0:
+            self.embed = None
+            self.pos_embed = None
+        if layers.stop != self.cfg.n_layers:
+            self.final_norm = None
+            self.lm_head = None
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
-        rope = (self.rope_cos, self.rope_sin) if self.pos_embed is None else None
-        for block in self.blocks:
+        if self.embed is not None:
+            x = self.embed(tokens)
+            if self.pos_embed is not None:
+                x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+        else:
+            x = tokens  # a later pipeline stage: the previous stage's hidden state
+        rope = (self.rope_cos, self.rope_sin) if self.cfg.position == "rope" else None
+        for block in self.blocks.values():
             x = block(x, rope)
+        if self.lm_head is None:
+            return x
+        assert self.final_norm is not None
         return self.lm_head(self.final_norm(x))
 
 

@@ -37,6 +37,12 @@ class Strategy:
         self.scaler: Any = None
         # The model's repeated blocks (train/blocks.py), after activation checkpointing: FSDP's units.
         self.blocks: list[nn.Module] = []
+        # Tensor / pipeline parallel layout (train/strategies/mesh.py), or None; the data-parallel coordinates
+        # decide which samples this rank trains on (tensor-parallel peers and a replica's stages share them).
+        self.layout: Any = None
+        self.dp_rank, self.dp_size = env.rank, env.world_size
+        # A pipeline stage runs whole steps through its schedule (train/strategies/pipeline.py).
+        self.pipeline: Any = None
 
     # -- set-up --------------------------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -46,6 +52,19 @@ class Strategy:
         return torch.amp.GradScaler(self.device.type)
 
     def setup(self, model: nn.Module) -> nn.Module:
+        from train.strategies.mesh import build_layout, model_parallel
+
+        if model_parallel(self.cfg):
+            from train.strategies.pipeline import stage_layers
+            from train.strategies.tensor_parallel import apply_tensor_parallel
+
+            self.layout = build_layout(self.cfg, self.env, self.device.type)
+            self.dp_rank, self.dp_size = self.layout.dp_rank, self.layout.dp
+            if self.layout.pp > 1:  # this rank's stage: its layers only (their names kept, for checkpoints)
+                model.keep_layers(stage_layers(self.cfg.model.n_layers, self.layout.pp, self.layout.pp_rank))
+            model = model.to(self.device)
+            if self.layout.tp > 1:
+                apply_tensor_parallel(model, self.layout.mesh["tp"])
         self.blocks = prepare_blocks(model, self.cfg.model, self.cfg.strategy)
         model = self.wrap(model.to(self.device))
         self.model = model
@@ -54,6 +73,10 @@ class Strategy:
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         if self.compute_dtype == torch.float16:
             self.scaler = self.make_scaler()
+        if self.layout is not None and self.layout.pp > 1:
+            from train.strategies.pipeline import Pipeline
+
+            self.pipeline = Pipeline(self, model)
         return model
 
     # -- one optimizer step --------------------------------------------------------------------------------
@@ -75,6 +98,10 @@ class Strategy:
     def clip_gradients(self, max_norm: float) -> float:
         assert self.model is not None
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.layout is not None:
+            from train.strategies.pipeline import clip_grad_norm
+
+            return clip_grad_norm(params, max_norm, self.layout)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         # FSDP returns a DTensor holding the global norm.
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

@@ -13,7 +13,7 @@ class DDPStrategy(Strategy):
     """Full replica per rank; gradients all-reduced in buckets, skipped on non-final micro steps."""
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        if self.env.world_size == 1:
+        if self.dp_size == 1:  # one process, or a tensor / pipeline layout with a single replica
             return model
         s = self.cfg.strategy
         return DistributedDataParallel(

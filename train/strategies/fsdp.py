@@ -17,6 +17,8 @@ class FSDPStrategy(Strategy):
     """Each block (train/blocks.py) is its own FSDP unit, then the root (embeddings, final norm, head)."""
 
     def mesh(self) -> DeviceMesh:
+        if self.layout is not None:  # tensor / pipeline parallel: shard over the data-parallel dimensions
+            return self.layout.dp_mesh()  # type: ignore[no-any-return]
         world = self.env.world_size
         if self.name != "hsdp":
             return init_device_mesh(self.device.type, (world,), mesh_dim_names=("shard",))
