@@ -30,7 +30,7 @@ from launcher.probe import needs_probe, probe
 # with more steps or another log interval resumes in the same directory.
 NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile", "watchdog",
                  "trainer.max_steps",
-                 "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every",
+                 "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every", "trainer.prefetch_steps",
                  # Derived from the global batch and the world size: a run may resume on another world size.
                  "trainer.grad_accum_steps", "optim.scaled_lr")
 

@@ -14,13 +14,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from launcher.schema import TrainerConfig
 from train import distributed
 from train.build import build_model, flops_per_token, logits_of
 from train.checkpoint import CheckpointManager
-from train.data import IGNORE_INDEX, TokenSource, build_source, load_micro_batch, micro_batch_indices
+from train.data import (
+    IGNORE_INDEX,
+    TokenSource,
+    build_source,
+    load_micro_batch,
+    micro_batch_indices,
+    planned_micro_batches,
+)
 from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log
 from train.preemption import PreemptionWatcher, StopOutcome, after_stop
+from train.prefetch import BatchPrefetcher, describe_dropped
 from train.signals import StopFlag, preempt_signal
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
@@ -88,9 +97,10 @@ def _no_mark() -> None:
 
 def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
                env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING,
-               mark: Callable[[], None] = _no_mark) -> torch.Tensor:
+               mark: Callable[[], None] = _no_mark, prefetcher: BatchPrefetcher | None = None) -> torch.Tensor:
     """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync). `mark`
-    counts progress inside the step (the watchdog's: a hung rank is the one that got least far)."""
+    counts progress inside the step (the watchdog's: a hung rank is the one that got least far). With a
+    `prefetcher` the micro batches come ready from its thread; without one they are loaded here."""
     t = cfg.trainer
     accum = t.grad_accum_steps
     loss_sum = torch.zeros((), device=device)
@@ -99,7 +109,10 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
         idx = micro_batch_indices(state.samples, micro, env.rank, env.world_size, t.micro_batch_size)
         consumed.extend(idx)
         with timer.data():
-            inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
+            if prefetcher is not None:
+                inputs, targets = prefetcher.get(idx)
+            else:
+                inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
         mark()
         with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
@@ -155,12 +168,15 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
     outcome = StopOutcome(0, None)
+    prefetcher: BatchPrefetcher | None = None
     try:
+        prefetcher = start_prefetch(source, state, cfg, env, device)
         while state.step < t.max_steps:
             watchdog.step_started(state.step + 1)
             lr = strategy.current_lr()
             telemetry.begin_step()
-            loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark)
+            loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark,
+                              prefetcher)
             watchdog.mark()
             grad_norm = strategy.optimizer_step()
             telemetry.end_step()
@@ -182,6 +198,9 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             if state.step >= t.max_steps:
                 break
             if stop:
+                if prefetcher is not None:  # its thread would only compete with the save for the CPU
+                    log.info("stopping at step %d: dropped %s prepared ahead; the resume starts at sample %d",
+                             state.step, describe_dropped(prefetcher.close()), state.samples)
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=True)
                 outcome = after_stop(env, cfg, state.step, watcher.agreed, run_dir)
@@ -202,11 +221,26 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         ckpt.close()
         watchdog.save_state()
     finally:
+        if prefetcher is not None:  # first: what it prepared past a stop is dropped; resume reads state.samples
+            prefetcher.close()
         telemetry.close()
         metrics.close()
         if own_watchdog:
             watchdog.close()
     return TrainResult(state, model, losses, outcome)
+
+
+def start_prefetch(source: TokenSource, state: TrainState, cfg: Any, env: DistEnv,
+                   device: torch.device) -> BatchPrefetcher | None:
+    """A worker thread preparing the micro batches of the next trainer.prefetch_steps steps (None: 0, or
+    nothing left to train). A config.yaml written before the key existed prefetches at the default."""
+    t = cfg.trainer
+    steps_ahead = int(t.get("prefetch_steps", TrainerConfig.prefetch_steps))
+    if steps_ahead == 0 or state.step >= t.max_steps:
+        return None
+    plan = planned_micro_batches(state.samples, t.max_steps - state.step, t.grad_accum_steps, env.rank,
+                                 env.world_size, t.micro_batch_size)
+    return BatchPrefetcher(source, device, plan, depth=steps_ahead * t.grad_accum_steps)
 
 
 def _plain(cfg: Any) -> dict[str, Any]:
