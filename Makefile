@@ -7,7 +7,7 @@ PYTEST ?= $(PYTHON) -m pytest
 TORCH_SPEC ?= torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-dist test-slurm test-gpu lint bench slurm-install slurm-up slurm-down clean
+.PHONY: help install test test-unit test-dist test-slurm test-gpu lint bench bench-quick slurm-install slurm-up slurm-down clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -36,8 +36,11 @@ lint: ## ruff and mypy
 	$(PYTHON) -m ruff check launcher train tests bench
 	$(PYTHON) -m mypy launcher
 
-bench: ## benchmarks under bench/, reported as ratios measured in one run
+bench: ## benchmarks under bench/, ratios measured in one run; report in bench/results/REPORT.md
 	$(PYTHON) -m bench
+
+bench-quick: ## the same benchmarks, fewer repetitions and smaller sizes (CI smoke); bench/results/quick/
+	$(PYTHON) -m bench --quick
 
 slurm-install: ## install the Debian packages for the local SLURM cluster
 	bash scripts/slurm/install.sh

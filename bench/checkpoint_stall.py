@@ -25,7 +25,7 @@ REPEATS = 3
 WINDOW_STEPS = 6
 
 
-def run() -> dict[str, Any]:
+def run(quick: bool = False) -> dict[str, Any]:
     import torch
 
     from launcher.compose import compose_and_plan
@@ -73,7 +73,7 @@ def run() -> dict[str, Any]:
         ckpt.prepare_async()  # as train() does before its first step
         state_bytes = sum(p.numel() * p.element_size() * 3 for p in model.parameters())
         sync_s, blocking_s, slowdown_s, finished = [], [], [], []
-        for _ in range(REPEATS):
+        for _ in range(1 if quick else REPEATS):
             t0 = time.perf_counter()
             ckpt.save(state, blocking=True)
             sync_s.append(time.perf_counter() - t0)
@@ -100,10 +100,19 @@ def run() -> dict[str, Any]:
         "background_write_slowdown_ratio": round(statistics.median(slowdown_s) / sync, 4),
         "save_finished_within_window": finished,
         "window_steps": WINDOW_STEPS,
-        "repeats": REPEATS,
+        "repeats": len(sync_s),
+        "quick": quick,
+        "command": "python -m bench checkpoint_stall",
         "sync_save_s_all": [round(x, 4) for x in sync_s],
         "async_stall_s_all": [round(x, 4) for x in blocking_s],
     }
+
+
+def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"figure": "async checkpoint stall", "value": r["stall_ratio"],
+             "baseline": "synchronous save of the same state", "target": f"<= {r['target_ratio']}",
+             "met": r["target_met"], "detail": f"{r['async_stall_s']:.3f} s of {r['sync_save_s']:.3f} s, "
+                                                f"{r['state_mb']} MB"}]
 
 
 def report(r: dict[str, Any]) -> str:

@@ -41,7 +41,7 @@ def _cancel(stdout: str) -> None:
         subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
 
 
-def run() -> dict[str, Any]:
+def run(quick: bool = False) -> dict[str, Any]:
     if shutil.which("sbatch") is None or subprocess.run(["scontrol", "ping"], capture_output=True).returncode:
         return {"skipped": "no local SLURM cluster (make slurm-up)", "target_met": True}
     cases = {
@@ -55,7 +55,7 @@ def run() -> dict[str, Any]:
     times: dict[str, list[float]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory(prefix="bench submit ") as tmp:
         root = Path(tmp)
-        for i in range(REPEATS):
+        for i in range(1 if quick else REPEATS):
             for name, make in cases.items():
                 cmd = make(i)
                 if name != "torch_import":
@@ -67,7 +67,8 @@ def run() -> dict[str, Any]:
     single_ratio = median["single"] / median["torch_import"]
     sweep_ratio = median["sweep64"] / median["single"]
     return {
-        "repeats": REPEATS,
+        "repeats": len(times["single"]),
+        "quick": quick,
         "seconds": times,
         "median_s": median,
         "single_vs_torch_import": single_ratio,
@@ -77,6 +78,19 @@ def run() -> dict[str, Any]:
         "target_met": single_ratio <= SINGLE_TARGET and sweep_ratio <= SWEEP64_TARGET,
         "command": "python -m bench submit_latency",
     }
+
+
+def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
+    m = r["median_s"]
+    return [{"figure": "single submission to job id", "value": r["single_vs_torch_import"],
+             "baseline": 'python -c "import torch"', "target": f"<= {SINGLE_TARGET}",
+             "met": r["single_vs_torch_import"] <= SINGLE_TARGET,
+             "detail": f"{m['single']:.2f} s vs {m['torch_import']:.2f} s"},
+            {"figure": "64-point sweep as one array", "value": r["sweep64_vs_single"],
+             "baseline": "a single submission", "target": f"<= {SWEEP64_TARGET}",
+             "met": r["sweep64_vs_single"] <= SWEEP64_TARGET, "detail": f"{m['sweep64']:.2f} s"},
+            {"figure": "4-point sweep as one array", "value": r["sweep4_vs_single"],
+             "baseline": "a single submission", "target": None, "met": None, "detail": f"{m['sweep4']:.2f} s"}]
 
 
 def report(result: dict[str, Any]) -> str:

@@ -38,11 +38,11 @@ WORLD = 2
 MODEL = ["model=gpt2_124m", "model.n_layers=4", "model.d_model=256", "model.n_heads=4", "model.ffn_hidden=1024",
          "model.vocab_size=2048", "data.seq_len=64", "trainer.micro_batch_size=2"]
 STEPS, LOG_EVERY, PAIRS = 60, 10, 5
-OVERRIDES = [*MODEL, f"trainer.max_steps={STEPS}", f"trainer.log_every={LOG_EVERY}", "trainer.ckpt_every=0",
+OVERRIDES = [*MODEL, f"trainer.log_every={LOG_EVERY}", "trainer.ckpt_every=0",
              "logger.backend=none", f"local.nproc={WORLD}"]
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, runs: list[tuple[str, bool]]) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, runs: list[tuple[str, bool]], steps: int) -> None:
     spent = {"collect_s": 0.0, "collects": 0}
     collect = Telemetry.collect
 
@@ -62,7 +62,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str, runs: list[tuple[str
     distributed.init_process_group(env, "gloo")
     try:
         for name, enabled in runs:
-            cfg, _ = compose_and_plan([*OVERRIDES, f"telemetry.enabled={str(enabled).lower()}"])
+            cfg, _ = compose_and_plan([*OVERRIDES, f"trainer.max_steps={steps}",
+                                       f"telemetry.enabled={str(enabled).lower()}"])
             run_dir = Path(out_dir) / name
             run_dir.mkdir(parents=True, exist_ok=True)
             spent.update(collect_s=0.0, collects=0)
@@ -73,12 +74,12 @@ def _worker(rank: int, world: int, port: int, out_dir: str, runs: list[tuple[str
         distributed.destroy_process_group()
 
 
-def step_times(metrics: Path) -> list[float]:
+def step_times(metrics: Path, log_every: int = LOG_EVERY) -> list[float]:
     """Wall time per step of each log interval after the first, from the rows' tokens/s."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     out = []
     for prev, row in zip(rows, rows[1:], strict=False):
-        if prev["step"] >= LOG_EVERY:  # the interval from step 1 to LOG_EVERY includes warm-up
+        if prev["step"] >= log_every:  # the interval from step 1 to log_every includes warm-up
             out.append((row["tokens"] - prev["tokens"]) / row["tokens_per_s"] / (row["step"] - prev["step"]))
     return out
 
@@ -99,11 +100,12 @@ def hook_cost_s(steps: int = 20000) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def run() -> dict[str, Any]:
-    order = [on for pair in range(PAIRS) for on in ((True, False) if pair % 2 == 0 else (False, True))]
+def run(quick: bool = False) -> dict[str, Any]:
+    pairs, steps = (2, 30) if quick else (PAIRS, STEPS)
+    order = [on for pair in range(pairs) for on in ((True, False) if pair % 2 == 0 else (False, True))]
     runs = [(f"{'on' if on else 'off'}{i}", on) for i, on in enumerate(order)]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(WORLD, free_port(), tmp, runs), nprocs=WORLD)
+        mp.spawn(_worker, args=(WORLD, free_port(), tmp, runs, steps), nprocs=WORLD)
         per_run = {name: statistics.median(step_times(Path(tmp) / name / "metrics.jsonl")) for name, _ in runs}
         collects = [json.loads((Path(tmp) / name / "collect.json").read_text()) for name, on in runs if on]
     collect_s = sum(c["collect_s"] for c in collects) / sum(c["collects"] for c in collects)
@@ -116,12 +118,14 @@ def run() -> dict[str, Any]:
     direct = (hooks_s + collect_s / LOG_EVERY) / median_off
     return {
         "benchmark": "telemetry_overhead",
-        "config": OVERRIDES,
+        "config": [*OVERRIDES, f"trainer.max_steps={steps}"],
         "torch": torch.__version__,
         "world_size": WORLD,
-        "steps_per_run": STEPS,
+        "steps_per_run": steps,
         "log_every": LOG_EVERY,
-        "pairs": PAIRS,
+        "pairs": pairs,
+        "quick": quick,
+        "command": "python -m bench telemetry_overhead",
         "step_ms_telemetry_off": round(median_off * 1000, 3),
         "step_ms_telemetry_on": round(median_on * 1000, 3),
         "overhead_ratio": round(ratio, 4),
@@ -134,6 +138,17 @@ def run() -> dict[str, Any]:
         "step_ms_on_all": [round(t * 1000, 3) for t in on],
         "step_ms_off_all": [round(t * 1000, 3) for t in off],
     }
+
+
+def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
+    # Both as step time with telemetry / without it (1 + the overhead), the form of every other figure.
+    return [{"figure": "telemetry cost, measured directly", "value": round(1 + r["direct_cost_ratio"], 5),
+             "baseline": "step time without telemetry", "target": f"<= {1 + r['target_ratio']}",
+             "met": r["target_met"], "detail": f"{r['collect_ms_per_log_step']:.2f} ms per log step + "
+                                                f"{r['hooks_us_per_step']:.1f} us per step"},
+            {"figure": f"telemetry on / off, {r['world_size']} ranks", "value": round(1 + r["overhead_ratio"], 4),
+             "baseline": "the same run with telemetry.enabled=false", "target": None, "met": None,
+             "detail": f"pairs range {min(r['pair_ratios']):+.1%} to {max(r['pair_ratios']):+.1%} (noise)"}]
 
 
 def report(r: dict[str, Any]) -> str:

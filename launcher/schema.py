@@ -157,6 +157,9 @@ class TrainerConfig:
     # Threads per rank for CPU math. Fixed (not derived from the host) so that the same seed gives the same
     # losses in local mode and under SLURM.
     cpu_threads: int = num(1, 1)
+    # Optimizer steps of micro batches a background thread prepares ahead of training (0: load on the training
+    # thread). Samples are addressed by index, so this never changes which samples a step trains on.
+    prefetch_steps: int = num(2, 0, 64)
     progress_bar: bool = True
 
 

@@ -8,6 +8,7 @@ position means the same next samples whatever the world size (resume on another 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,17 +30,39 @@ class SyntheticTokens:
     def __init__(self, vocab_size: int, seq_len: int, seed: int, signal: float) -> None:
         self.vocab_size, self.seq_len, self.seed, self.signal = vocab_size, seq_len, seed, signal
         self.table = np.random.default_rng([seed, 0]).permutation(vocab_size)
+        self._powers = [self.table]
 
     def sample(self, index: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, 1, index])
+        return self.sample_batch(range(index, index + 1))[0]
+
+    def sample_batch(self, indices: Sequence[int]) -> np.ndarray:
+        """Samples [len(indices), seq_len + 1], bitwise what a per-token loop over each sample gives: each sample
+        keeps its own generator (seeded by its global index, so resume and resharding stay exact); only the
+        transition chain is vectorised (over the batch and the sequence), which was the per-step Python cost."""
         n = self.seq_len + 1
-        noise = rng.integers(0, self.vocab_size, size=n)
-        follow = rng.random(n) < self.signal
-        out = np.empty(n, dtype=np.int64)
-        out[0] = noise[0]
-        for t in range(1, n):
-            out[t] = self.table[out[t - 1]] if follow[t] else noise[t]
+        noise = np.empty((len(indices), n), dtype=np.int64)
+        follow = np.empty((len(indices), n), dtype=bool)
+        for row, index in enumerate(indices):
+            rng = np.random.default_rng([self.seed, 1, index])
+            noise[row] = rng.integers(0, self.vocab_size, size=n)
+            follow[row] = rng.random(n) < self.signal
+        follow[:, 0] = False  # the first token is always noise
+        # Token t is table^d applied to the noise token where its run of follows started, d steps back.
+        positions = np.broadcast_to(np.arange(n), follow.shape)
+        start = np.maximum.accumulate(np.where(follow, 0, positions), axis=1)
+        out = np.take_along_axis(noise, start, axis=1)
+        distance = positions - start
+        for bit, power in enumerate(self._table_powers(int(distance.max()).bit_length())):
+            out = np.where((distance >> bit) & 1 == 1, power[out], out)
         return out
+
+    def _table_powers(self, bits: int) -> list[np.ndarray]:
+        """table^(2^b) for b < bits, composed once per source (commuting powers of one permutation, so the
+        order they are applied in does not matter: binary exponentiation)."""
+        while len(self._powers) < bits:
+            last = self._powers[-1]
+            self._powers.append(last[last])
+        return self._powers[:bits]
 
 
 class MemmapTokens:
@@ -118,6 +141,16 @@ def micro_batch_indices(position: int, micro_step: int, dp_rank: int, dp_size: i
     return range(start, start + micro)
 
 
+def planned_micro_batches(position: int, steps: int, accum: int, dp_rank: int, dp_size: int,
+                          micro: int) -> Iterator[range]:
+    """The indices of every micro batch this rank takes in the next `steps` optimizer steps from `position`, in
+    the order train_step asks for them (what the prefetcher walks ahead on)."""
+    global_batch = micro * accum * dp_size
+    for step in range(steps):
+        for micro_step in range(accum):
+            yield micro_batch_indices(position + step * global_batch, micro_step, dp_rank, dp_size, micro)
+
+
 # Targets with this value are left out of the loss (Hugging Face's convention for padding and prompts).
 IGNORE_INDEX = -100
 
@@ -145,6 +178,12 @@ def split_sample(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:-1], tokens[1:]
 
 
-def load_micro_batch(source: TokenSource, indices: range) -> tuple[torch.Tensor, torch.Tensor]:
+def load_micro_batch(source: TokenSource, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) [micro, seq_len] of these global samples, on the CPU; sources with a `sample_batch`
+    (the synthetic stream) make the whole micro batch in one vectorised call."""
+    sample_batch = getattr(source, "sample_batch", None)
+    if sample_batch is not None:
+        tokens = torch.from_numpy(sample_batch(indices))
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     pairs = [split_sample(source.sample(i)) for i in indices]
     return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])

@@ -8,19 +8,29 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from launcher.schema import TrainerConfig
 from train import distributed
 from train.build import build_model, flops_per_token, logits_of
 from train.checkpoint import CheckpointManager
-from train.data import IGNORE_INDEX, TokenSource, build_source, load_micro_batch, micro_batch_indices
+from train.data import (
+    IGNORE_INDEX,
+    TokenSource,
+    build_source,
+    load_micro_batch,
+    micro_batch_indices,
+    planned_micro_batches,
+)
 from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log
 from train.preemption import PreemptionWatcher, StopOutcome, after_stop
+from train.prefetch import BatchPrefetcher, describe_dropped
 from train.signals import StopFlag, preempt_signal
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
@@ -90,20 +100,24 @@ def _no_mark() -> None:
 
 def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
                env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING,
-               mark: Callable[[], None] = _no_mark) -> torch.Tensor:
+               mark: Callable[[], None] = _no_mark, prefetcher: BatchPrefetcher | None = None) -> torch.Tensor:
     """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync). `mark`
-    counts progress inside the step (the watchdog's: a hung rank is the one that got least far)."""
+    counts progress inside the step (the watchdog's: a hung rank is the one that got least far). With a
+    `prefetcher` the micro batches come ready from its thread; without one they are loaded here."""
     t = cfg.trainer
-    accum = t.grad_accum_steps
+    accum, micro_batch_size = t.grad_accum_steps, t.micro_batch_size  # once: config reads are slow
     if strategy.pipeline is not None:
         return pipeline_step(strategy, source, state, cfg, env, device, timer, mark)
     loss_sum = torch.zeros((), device=device)
     consumed: list[int] = []
     for micro in range(accum):
-        idx = micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size, t.micro_batch_size)
+        idx = micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size, micro_batch_size)
         consumed.extend(idx)
         with timer.data():
-            inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
+            if prefetcher is not None:
+                inputs, targets = prefetcher.get(idx)
+            else:
+                inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
         mark()
         with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
@@ -139,7 +153,10 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     """Train to cfg.trainer.max_steps, resuming if a checkpoint exists. `flag` is installed by entry.py at
     start-up so that an early signal is not lost; tests calling train() directly get one here. `hosts`: every
     rank's node name (entry.py gathers them; gathered here when not given)."""
-    t = cfg.trainer
+    # The trainer section as plain values: the loop reads them every step, and an OmegaConf attribute read costs
+    # tens of microseconds (a fixed cost per step that a GPU's short steps would feel).
+    t = SimpleNamespace(**_plain(cfg.trainer))
+    seq_len = int(cfg.data.seq_len)
     flag = flag or StopFlag(preempt_signal(cfg))
     own_watchdog = watchdog is None
     watchdog = watchdog or Watchdog(cfg, env.rank, env.world_size, run_dir)
@@ -176,18 +193,21 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
     outcome = StopOutcome(0, None)
+    prefetcher: BatchPrefetcher | None = None
     try:
+        prefetcher = start_prefetch(source, state, cfg, strategy, device)
         while state.step < t.max_steps:
             watchdog.step_started(state.step + 1)
             lr = strategy.current_lr()
             telemetry.begin_step()
-            loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark)
+            loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark,
+                              prefetcher)
             watchdog.mark()
             grad_norm = strategy.optimizer_step()
             telemetry.end_step()
             state.step += 1
             state.samples += global_batch
-            state.tokens += global_batch * cfg.data.seq_len
+            state.tokens += global_batch * seq_len
             logged: float | None = None
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps):
                 logged = losses[state.step] = float(all_reduce_mean(loss))
@@ -203,6 +223,9 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             if state.step >= t.max_steps:
                 break
             if stop:
+                if prefetcher is not None:  # its thread would only compete with the save for the CPU
+                    log.info("stopping at step %d: dropped %s prepared ahead; the resume starts at sample %d",
+                             state.step, describe_dropped(prefetcher.close()), state.samples)
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=True)
                 outcome = after_stop(env, cfg, state.step, watcher.agreed, run_dir)
@@ -223,11 +246,26 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         ckpt.close()
         watchdog.save_state()
     finally:
+        if prefetcher is not None:  # first: what it prepared past a stop is dropped; resume reads state.samples
+            prefetcher.close()
         telemetry.close()
         metrics.close()
         if own_watchdog:
             watchdog.close()
     return TrainResult(state, model, losses, outcome)
+
+
+def start_prefetch(source: TokenSource, state: TrainState, cfg: Any, strategy: Strategy,
+                   device: torch.device) -> BatchPrefetcher | None:
+    """A worker thread preparing the micro batches of the next trainer.prefetch_steps steps (None: 0, or
+    nothing left to train). A config.yaml written before the key existed prefetches at the default."""
+    t = cfg.trainer
+    steps_ahead = int(t.get("prefetch_steps", TrainerConfig.prefetch_steps))
+    if steps_ahead == 0 or state.step >= t.max_steps or strategy.pipeline is not None:
+        return None  # a pipeline stage loads a whole step at once (pipeline_step)
+    plan = planned_micro_batches(state.samples, t.max_steps - state.step, t.grad_accum_steps, strategy.dp_rank,
+                                 strategy.dp_size, t.micro_batch_size)
+    return BatchPrefetcher(source, device, plan, depth=steps_ahead * t.grad_accum_steps)
 
 
 def _plain(cfg: Any) -> dict[str, Any]:

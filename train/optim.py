@@ -42,6 +42,8 @@ def build_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Any, max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    # The values read once, not through the config at every step (OmegaConf attribute access is slow).
+    warmup_steps, min_lr_ratio = int(cfg.warmup_steps), float(cfg.min_lr_ratio)
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, cfg.warmup_steps, max_steps, cfg.min_lr_ratio)
+        optimizer, lambda step: lr_factor(step, warmup_steps, max_steps, min_lr_ratio)
     )

@@ -100,7 +100,7 @@ def test_upgrading_keeps_derived_run_names() -> None:
 
     cfg = compose_config(["local.nproc=2"])
     old = OmegaConf.to_container(cfg, resolve=True)
-    for key in [*NAME_ONLY_IF_SET, "optim.scaled_lr", "logger.group", "telemetry", "profile"]:
+    for key in [*NAME_ONLY_IF_SET, "optim.scaled_lr", "logger.group", "telemetry", "profile", "trainer.prefetch_steps"]:
         node = old
         *parents, leaf = key.split(".")
         for p in parents:

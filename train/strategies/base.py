@@ -43,6 +43,8 @@ class Strategy:
         self.dp_rank, self.dp_size = env.rank, env.world_size
         # A pipeline stage runs whole steps through its schedule (train/strategies/pipeline.py).
         self.pipeline: Any = None
+        # Read once: an OmegaConf attribute costs tens of microseconds, paid every step on the critical path.
+        self.grad_clip = float(cfg.optim.grad_clip)
 
     # -- set-up --------------------------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -109,7 +111,7 @@ class Strategy:
     def optimizer_step(self) -> float:
         """Unscale, clip, step, schedule, zero; returns the gradient norm before clipping."""
         assert self.model is not None and self.optimizer is not None and self.scheduler is not None
-        clip = self.cfg.optim.grad_clip
+        clip = self.grad_clip
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         norm = self.clip_gradients(clip if clip > 0 else float("inf"))

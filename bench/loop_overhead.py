@@ -1,0 +1,192 @@
+"""What our training loop costs on top of the model's own work: median step time of train.loop.train against a
+bare PyTorch loop doing the same model work, measured in one run, one process.
+
+The bare loop is what a user would write: the same model class built from the same config (train.build), one
+fixed micro batch already in memory (no data loading at all), forward, cross-entropy, backward with the same
+gradient accumulation, clip_grad_norm_, the same AdamW (train.optim.build_optimizer: same groups and foreach
+kernels), zero_grad. Ours is the real loop as `python -m launcher` runs it on one rank (strategy ddp = the bare
+model on one rank; synthetic data through the prefetch thread; telemetry, watchdog, metrics, the per-step stop
+agreement; no periodic checkpoints). Both are timed the same way: wall time per step over intervals of LOG_EVERY
+steps (ours from metrics.jsonl's tokens/s, rank 0's clock from one log step to the next), the first interval
+(warm-up) dropped, the median over the intervals. Runs alternate in adjacent pairs (ours/bare, bare/ours, ...) so
+that a drift of the shared machine's speed cancels, and the ratio is the median over the pairs of ours / bare.
+
+For `tiny` a third arm runs our loop with trainer.prefetch_steps=0 (data made on the training thread, as before
+background loading): the difference is what prefetching takes off the critical path. Targets (issue 13): at most
+1.10x for tiny, 1.03x for the >= 20M-parameter model.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+COMMAND = "python -m bench loop_overhead"
+LOG_EVERY = 10
+COMMON = ["local.nproc=1", "logger.backend=none", "trainer.ckpt_every=0", f"trainer.log_every={LOG_EVERY}",
+          "trainer.progress_bar=false", "data.seq_len=64"]
+CASES: dict[str, dict[str, Any]] = {
+    "tiny": {"overrides": ["model=tiny", "trainer.micro_batch_size=8"], "target": 1.10, "sync_arm": True},
+    # GPT-2 layout, 6 layers of width 512 and a vocabulary of 8192: about 24M parameters.
+    "gpt_24m": {"overrides": ["model=gpt2_124m", "model.n_layers=6", "model.d_model=512", "model.n_heads=8",
+                              "model.ffn_hidden=2048", "model.vocab_size=8192", "trainer.micro_batch_size=4"],
+                "target": 1.03, "sync_arm": False},
+}
+# (steps per run, pairs) per case; quick: CI smoke, the same cases with fewer steps and pairs.
+FULL = {"tiny": (80, 5), "gpt_24m": (40, 3)}
+QUICK = {"tiny": (40, 2), "gpt_24m": (30, 1)}
+
+
+def _init_single_process() -> Any:
+    from train import distributed
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      SLURMTRAIN_LAUNCHER="local")
+    if "MASTER_PORT" not in os.environ:
+        from launcher.local import free_port
+
+        os.environ["MASTER_PORT"] = str(free_port())
+    env = distributed.detect()
+    distributed.init_process_group(env, "gloo")
+    return env
+
+
+def ours(cfg: Any, env: Any, run_dir: Path) -> float:
+    """Median wall time per step of the real loop (s)."""
+    import torch
+
+    from bench.telemetry_overhead import step_times
+    from train.loop import train
+
+    run_dir.mkdir(parents=True)
+    train(cfg, env, torch.device("cpu"), run_dir)
+    return statistics.median(step_times(run_dir / "metrics.jsonl", LOG_EVERY))
+
+
+def bare(cfg: Any, steps: int) -> float:
+    """Median wall time per step of a plain PyTorch loop over the same model work (s)."""
+    import torch
+    import torch.nn.functional as F
+
+    from train.build import build_model, logits_of
+    from train.data import build_source, load_micro_batch
+    from train.loop import seed_everything
+    from train.optim import build_optimizer
+
+    t = cfg.trainer
+    seed_everything(t.seed)
+    model = build_model(cfg.model)
+    optimizer = build_optimizer(model, cfg.optim)
+    inputs, targets = load_micro_batch(build_source(cfg.data, cfg.model.vocab_size), range(t.micro_batch_size))
+    intervals, start = [], time.perf_counter()
+    for step in range(1, steps + 1):
+        for _ in range(t.grad_accum_steps):
+            logits = logits_of(model(inputs))
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            (loss / t.grad_accum_steps).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % LOG_EVERY == 0:
+            now = time.perf_counter()
+            if step > LOG_EVERY:  # the first interval is warm-up, as for ours
+                intervals.append((now - start) / LOG_EVERY)
+            start = now
+    return statistics.median(intervals)
+
+
+def run_case(name: str, steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
+    from launcher.compose import compose_and_plan
+    from train.build import build_model
+
+    case = CASES[name]
+    overrides = [*COMMON, *case["overrides"], f"trainer.max_steps={steps}"]
+    cfg, _ = compose_and_plan(overrides)
+    sync_cfg, _ = compose_and_plan([*overrides, "trainer.prefetch_steps=0"])
+    n_params = sum(p.numel() for p in build_model(cfg.model).parameters())
+    times: dict[str, list[float]] = {"ours": [], "bare": [], "ours_no_prefetch": []}
+    for pair in range(pairs):
+        arms = ["ours", "bare"] if pair % 2 == 0 else ["bare", "ours"]
+        if case["sync_arm"]:
+            arms.append("ours_no_prefetch")
+        for arm in arms:
+            run_dir = tmp / f"{name}_{arm}_{pair}"
+            if arm == "bare":
+                times[arm].append(bare(cfg, steps))
+            else:
+                times[arm].append(ours(cfg if arm == "ours" else sync_cfg, env, run_dir))
+    ratios = [a / b for a, b in zip(times["ours"], times["bare"], strict=True)]
+    ratio = statistics.median(ratios)
+    out: dict[str, Any] = {
+        "config": overrides, "params_m": round(n_params / 1e6, 2), "steps_per_run": steps, "pairs": pairs,
+        "step_ms_ours": round(statistics.median(times["ours"]) * 1000, 3),
+        "step_ms_bare": round(statistics.median(times["bare"]) * 1000, 3),
+        "ratio": round(ratio, 4), "pair_ratios": [round(r, 4) for r in ratios],
+        "target_ratio": case["target"], "target_met": ratio <= case["target"],
+        "step_ms_ours_all": [round(x * 1000, 3) for x in times["ours"]],
+        "step_ms_bare_all": [round(x * 1000, 3) for x in times["bare"]],
+    }
+    if times["ours_no_prefetch"]:
+        sync_ratios = [a / b for a, b in zip(times["ours_no_prefetch"], times["bare"], strict=True)]
+        out["step_ms_ours_no_prefetch"] = round(statistics.median(times["ours_no_prefetch"]) * 1000, 3)
+        out["ratio_no_prefetch"] = round(statistics.median(sync_ratios), 4)
+    return out
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    import torch
+
+    from train import distributed
+
+    torch.set_num_threads(1)  # as every rank runs (trainer.cpu_threads=1); both loops alike
+    plan = QUICK if quick else FULL
+    env = _init_single_process()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cases = {name: run_case(name, *plan[name], env, Path(tmp)) for name in CASES}
+    finally:
+        distributed.destroy_process_group()
+    return {
+        "benchmark": "loop_overhead", "torch": torch.__version__, "device": "cpu", "world_size": 1,
+        "log_every": LOG_EVERY, "quick": quick, "cases": cases,
+        "ddp_2_ranks": {"skipped": "not measured yet: single process only"},
+        # Issue 13 item 7 (gpt2_124m/350m, bf16, torch.compile, one GPU, against the bare loop) is not built yet.
+        "gpu": {"skipped": "no CUDA" if not torch.cuda.is_available() else "not measured yet on this GPU"},
+        "target_met": all(c["target_met"] for c in cases.values()),
+        "command": COMMAND + (" --quick" if quick else ""),
+    }
+
+
+def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of the report: one per case (ratio ours / bare), plus the loop without prefetching where measured."""
+    rows = []
+    for name, c in r["cases"].items():
+        rows.append({"figure": f"loop overhead, {name} ({c['params_m']}M params), 1 process", "value": c["ratio"],
+                     "baseline": "bare PyTorch loop, same model work", "target": f"<= {c['target_ratio']}x",
+                     "met": c["target_met"], "detail": f"{c['step_ms_ours']:.1f} ms vs {c['step_ms_bare']:.1f} ms"})
+        if "ratio_no_prefetch" in c:
+            rows.append({"figure": f"loop overhead, {name}, trainer.prefetch_steps=0",
+                         "value": c["ratio_no_prefetch"], "baseline": "bare PyTorch loop, same model work",
+                         "target": None, "met": None,
+                         "detail": f"{c['step_ms_ours_no_prefetch']:.1f} ms: data on the training thread"})
+    rows.append({"figure": "loop overhead, ddp on 2 ranks", "value": None, "baseline": "bare PyTorch DDP loop",
+                 "skipped": r["ddp_2_ranks"]["skipped"]})
+    rows.append({"figure": "GPU: gpt2_124m/350m bf16 compiled, tokens/s", "value": None,
+                 "baseline": "bare PyTorch loop on the same GPU", "target": ">= 0.97", "skipped": r["gpu"]["skipped"]})
+    return rows
+
+
+def report(r: dict[str, Any]) -> str:
+    lines = [f"loop_overhead ({'quick, ' if r['quick'] else ''}one process, median step time, ours / bare):"]
+    for name, c in r["cases"].items():
+        verdict = "met" if c["target_met"] else "MISSED"
+        extra = (f"; without prefetching {c['step_ms_ours_no_prefetch']:.2f} ms = {c['ratio_no_prefetch']:.3f}x"
+                 if "ratio_no_prefetch" in c else "")
+        lines.append(f"  {name} ({c['params_m']}M params): {c['step_ms_ours']:.2f} ms vs {c['step_ms_bare']:.2f} ms "
+                     f"= {c['ratio']:.3f}x (pairs {min(c['pair_ratios']):.3f}-{max(c['pair_ratios']):.3f}; target <= "
+                     f"{c['target_ratio']}x: {verdict}){extra}")
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""The benchmark report from given results (no benchmark runs): report.json, REPORT.md and one PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.report import REPORT_FILES, load_results, write_report
+
+RESULTS = {
+    "checkpoint_stall": {"benchmark": "checkpoint_stall", "state_mb": 1423.6, "sync_save_s": 4.97,
+                         "async_stall_s": 0.125, "stall_ratio": 0.0252, "target_ratio": 0.1, "target_met": True,
+                         "command": "python -m bench checkpoint_stall"},
+    "loop_overhead": {
+        "benchmark": "loop_overhead", "quick": True, "command": "python -m bench loop_overhead --quick",
+        "target_met": False, "ddp_2_ranks": {"skipped": "not measured yet"}, "gpu": {"skipped": "no CUDA"},
+        "cases": {
+            "tiny": {"params_m": 0.12, "ratio": 1.142, "pair_ratios": [1.142], "target_ratio": 1.1,
+                     "target_met": False, "step_ms_ours": 22.8, "step_ms_bare": 20.0, "ratio_no_prefetch": 1.19,
+                     "step_ms_ours_no_prefetch": 23.8},
+            "gpt_24m": {"params_m": 23.6, "ratio": 1.01, "pair_ratios": [1.01], "target_ratio": 1.03,
+                        "target_met": True, "step_ms_ours": 505.0, "step_ms_bare": 500.0},
+        },
+    },
+    "memory_estimate": {"skipped": "no CUDA", "target_met": True, "command": "python -m bench memory_estimate"},
+    "submit_latency": {"skipped": "no local SLURM cluster (make slurm-up)", "target_met": True},
+}
+
+
+def test_report_writes_json_markdown_and_a_png_chart(tmp_path: Path) -> None:
+    paths = write_report(RESULTS, tmp_path / "out")
+    assert [p.name for p in paths] == list(REPORT_FILES)
+    report = json.loads(paths[0].read_text())
+    rows = {(r["benchmark"], r["figure"]): r for r in report["rows"]}
+    tiny = rows[("loop_overhead", "loop overhead, tiny (0.12M params), 1 process")]
+    assert tiny["value"] == 1.142 and tiny["met"] is False and tiny["target"] == "<= 1.1x" and tiny["quick"]
+    assert tiny["command"] == "python -m bench loop_overhead --quick"
+    stall = rows[("checkpoint_stall", "async checkpoint stall")]
+    assert stall["value"] == 0.0252 and stall["met"] is True
+    assert rows[("memory_estimate", "memory_estimate")]["skipped"] == "no CUDA"
+    assert rows[("submit_latency", "submit_latency")]["command"] == "python -m bench submit_latency"
+    md = paths[1].read_text()
+    assert "| checkpoint_stall | async checkpoint stall | 0.025 |" in md
+    assert "skipped: no CUDA" in md and "`python -m bench loop_overhead --quick` (quick)" in md
+    assert "**no**" in md  # the missed target stands out
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stored_results_are_read_back_without_the_report_itself(tmp_path: Path) -> None:
+    for name, result in RESULTS.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(result))
+    write_report(RESULTS, tmp_path)
+    loaded = load_results(tmp_path)
+    assert sorted(loaded) == sorted(RESULTS)
+    assert all("measured_at" in r for r in loaded.values())
