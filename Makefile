@@ -18,7 +18,7 @@ install: ## install slurmtrain (editable) with its dev, deepspeed and hf extras
 	$(PIP) install --config-settings editable_mode=compat -e '.[dev,deepspeed,hf]'
 
 test: ## run every test tier this machine supports (unit, dist, slurm when `make slurm-up` ran, gpu with CUDA)
-	$(PYTEST) tests -q
+	$(PYTEST) tests -q --durations=40
 
 test-unit: ## fast unit tests
 	$(PYTEST) tests/unit -q

@@ -166,6 +166,10 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     raw_model = build_model(cfg.model)
     model_flops, _ = flops_per_token(raw_model, cfg.model, cfg.data.seq_len)
     model = strategy.setup(raw_model)
+    if strategy.layout is not None:
+        hosts = hosts or distributed.gather_hosts(env)  # a collective: every rank
+        if env.is_main:
+            log.info("layout: %s", layout_line(strategy.layout, hosts))
     ds_config = getattr(strategy, "ds_config", None)
     if env.is_main and ds_config is not None:
         # The generated DeepSpeed config is part of what explains this run (and is saved beside each checkpoint).
@@ -253,6 +257,14 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         if own_watchdog:
             watchdog.close()
     return TrainResult(state, model, losses, outcome)
+
+
+def layout_line(layout: Any, hosts: list[str]) -> str:
+    """Where every rank landed: its host and (data-parallel, stage, tensor-parallel) coordinates."""
+    mp = layout.tp * layout.pp
+    ranks = [f"rank {r} {host} (dp {r // mp}, stage {(r // layout.tp) % layout.pp}, tp {r % layout.tp})"
+             for r, host in enumerate(hosts)]
+    return f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp}: " + "; ".join(ranks)
 
 
 def start_prefetch(source: TokenSource, state: TrainState, cfg: Any, strategy: Strategy,

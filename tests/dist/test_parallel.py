@@ -52,19 +52,21 @@ def _traced(trace_dir: Path) -> dict[int, list[int]]:
     return steps
 
 
-@pytest.mark.parametrize(("saved", "resumed"), [(["parallel.tp=2"], []), ([], ["parallel.tp=2"])],
-                         ids=["tp2xfsdp2-to-fsdp4", "fsdp4-to-tp2xfsdp2"])
-def test_a_checkpoint_resumes_on_another_layout(saved: list[str], resumed: list[str], run_root: Path,
-                                                tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+def test_a_checkpoint_resumes_on_another_layout_and_back(run_root: Path, tmp_path: Path,
+                                                         uninterrupted: dict[int, float]) -> None:
+    """tp=2 x fsdp=2 stopped at step 10, resumed with fsdp=4 and stopped at 15, resumed with tp=2 x fsdp=2 to 20."""
     trace = tmp_path / "trace"
     trace.mkdir()
-    common = [*COMMON[:2], "trainer.micro_batch_size=4", "trainer.max_steps=20", "trainer.log_every=1", "strategy=fsdp", "local.nproc=4",
-              "logger.backend=none", f"run.root={hq(run_root)}", "run.name=moved"]
-    first = launch(*common, *saved, SLURMTRAIN_TEST_SIGNAL="10:0", SLURMTRAIN_TRACE_SAMPLES=str(trace))
+    common = [*COMMON[:2], "trainer.micro_batch_size=4", "trainer.max_steps=20", "trainer.log_every=1",
+              "strategy=fsdp", "local.nproc=4", "logger.backend=none", f"run.root={hq(run_root)}", "run.name=moved"]
+    first = launch(*common, "parallel.tp=2", SLURMTRAIN_TEST_SIGNAL="10:0", SLURMTRAIN_TRACE_SAMPLES=str(trace))
     assert first.returncode == EXIT_STOPPED, first.stderr[-3000:]
-    second = launch(*common, *resumed, SLURMTRAIN_TRACE_SAMPLES=str(trace))
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed from" in second.stderr and "step 10, 160 samples consumed" in second.stderr
+    second = launch(*common, SLURMTRAIN_TEST_SIGNAL="15:0", SLURMTRAIN_TRACE_SAMPLES=str(trace))
+    assert second.returncode == EXIT_STOPPED, second.stderr[-3000:]
+    assert "step 10, 160 samples consumed" in second.stderr
+    third = launch(*common, "parallel.tp=2", SLURMTRAIN_TRACE_SAMPLES=str(trace))
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "step 15, 240 samples consumed" in third.stderr
     got = {r["step"]: r["loss"] for r in read_metrics(run_root / "moved")}
     assert sorted(got) == list(range(1, 21))
     for step in range(1, 21):

@@ -70,7 +70,10 @@ def test_ranks_land_tensor_parallel_first_then_stages_then_data_parallel() -> No
     (["parallel.tp=2", "strategy=zero2"], "not strategy=zero2: use strategy=fsdp"),
     (["parallel.tp=2", "strategy=auto"], "not strategy=auto: use strategy=fsdp"),
     (["parallel.pp=2", "parallel.pp_schedule=gpipe"], "parallel.pp_schedule=gpipe is not one of"),
-    (["parallel.tp=2"], "tensor and pipeline parallel training is not built yet"),
+    (["parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b", "trainer.grad_accum_steps=8"],
+     "interleaved_1f1b is planned (its bubble is shown with launcher.dry_run=true) but not built yet"),
+    (["parallel.tp=2", "model.position=learned"], "use model.position=rope, or parallel.tp=1"),
+    (["parallel.tp=2", "strategy=ddp"], "strategy=ddp does not compose with parallel.tp/pp over 2 replicas"),
 ])
 def test_layouts_that_cannot_run_are_refused(overrides: list[str], expected: str) -> None:
     base = ["local.nproc=4", "model.tie_embeddings=false", "model.n_layers=4", "strategy=fsdp"]
