@@ -168,8 +168,5 @@ def model_parallel_shape(shape: Any, d: Degrees) -> Any:
 
 def not_built(cfg: DictConfig, d: Degrees) -> str | None:
     """What the plan can lay out but training does not run yet."""
-    if d.pp > 1 and d.virtual > 1:
-        return ("parallel.pp_schedule=interleaved_1f1b is planned (its bubble is shown with launcher.dry_run=true) "
-                "but not built yet: use parallel.pp_schedule=1f1b")
     return None
 

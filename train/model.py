@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -135,15 +136,15 @@ class Transformer(nn.Module):
             is_residual = name.endswith("out.weight") or name.endswith("down.weight")
             nn.init.normal_(p, mean=0.0, std=residual_std if is_residual else std)
 
-    def keep_layers(self, layers: range) -> None:
-        """Make this model one pipeline stage: only `layers`, and the embedding / output layer if it has the
-        first / last of them."""
+    def keep_layers(self, layers: Collection[int]) -> None:
+        """Make this model a pipeline rank's part: only `layers` (one stage's, or several with an interleaved
+        schedule), and the embedding / output layer if it has the first / last layer."""
         for key in [k for k in self.blocks if int(k) not in layers]:
             del self.blocks[key]
-        if layers.start != 0:
+        if 0 not in layers:
             self.embed = None
             self.pos_embed = None
-        if layers.stop != self.cfg.n_layers:
+        if self.cfg.n_layers - 1 not in layers:
             self.final_norm = None
             self.lm_head = None
 

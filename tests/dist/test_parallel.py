@@ -29,18 +29,30 @@ def _spawn(tmp_path: Path, world: int, runs: dict[str, list[str]]) -> dict[str, 
 
 
 def test_every_layout_reaches_the_single_process_loss(tmp_path: Path) -> None:
-    reference = _spawn(tmp_path / "one", 1, {"single": [*COMMON, "strategy=single"]})["single"]
+    one = _spawn(tmp_path / "one", 1, {"single": [*COMMON, "strategy=single"],
+                                       "single4": [*COMMON, "strategy=single", "model.n_layers=4"]})
+    reference = one["single"]
     # Tensor parallelism needs no accumulation: micro batches of 8 (2 ranks) and 4 (4 ranks) are faster.
     two = _spawn(tmp_path / "two", 2, {"tp2": [*COMMON, "strategy=fsdp", "parallel.tp=2", "trainer.micro_batch_size=8"],
-                                       "pp2": [*COMMON, "strategy=fsdp", "parallel.pp=2"]})
+                                       "pp2": [*COMMON, "strategy=fsdp", "parallel.pp=2"],
+                                       # 2 stages per rank: 4 layers over 4 stages.
+                                       "pp2_interleaved": [*COMMON, "strategy=fsdp", "parallel.pp=2",
+                                                           "parallel.pp_schedule=interleaved_1f1b",
+                                                           "model.n_layers=4"]})
     four = _spawn(tmp_path / "four", 4, {"tp2_fsdp2": [*COMMON, "strategy=fsdp", "parallel.tp=2",
                                                        "trainer.micro_batch_size=4"],
-                                         "pp2_fsdp2": [*COMMON, "strategy=fsdp", "parallel.pp=2"]})
+                                         "pp2_fsdp2": [*COMMON, "strategy=fsdp", "parallel.pp=2"],
+                                         "tp2_fsdp2_ac_bf16": [*COMMON, "strategy=fsdp", "parallel.tp=2",
+                                                               "trainer.micro_batch_size=4", "precision=bf16",
+                                                               "strategy.activation_checkpointing=true"]})
+    low = four.pop("tp2_fsdp2_ac_bf16")  # bf16 stays close to fp32 over these steps, and learns
+    assert low[5] == pytest.approx(reference[5], rel=2e-2) and low[5] < 0.95 * low[1], (low, reference)
     assert sorted(reference) == [1, 2, 3, 4, 5] and reference[5] < 0.95 * reference[1]  # it learns
     for name, losses in {**two, **four}.items():
+        expected = one["single4"] if "interleaved" in name else reference
         assert sorted(losses) == [1, 2, 3, 4, 5], name
         for step in (1, 5):
-            assert losses[step] == pytest.approx(reference[step], rel=1e-4), (name, step, losses, reference)
+            assert losses[step] == pytest.approx(expected[step], rel=1e-4), (name, step, losses, expected)
 
 
 def _traced(trace_dir: Path) -> dict[int, list[int]]:

@@ -41,8 +41,12 @@ class Strategy:
         # decide which samples this rank trains on (tensor-parallel peers and a replica's stages share them).
         self.layout: Any = None
         self.dp_rank, self.dp_size = env.rank, env.world_size
-        # A pipeline stage runs whole steps through its schedule (train/strategies/pipeline.py).
+        # A pipeline stage runs whole steps through its schedule (train/strategies/pipeline.py); with an
+        # interleaved schedule a rank runs several stages (`parts`, views of its model), else the model is the part.
         self.pipeline: Any = None
+        self.parts: list[nn.Module] = []
+        p = cfg.get("parallel")
+        self.virtual_stages = int(p.pp_virtual_stages) if p is not None and p.pp_schedule == "interleaved_1f1b" else 1
         # Read once: an OmegaConf attribute costs tens of microseconds, paid every step on the critical path.
         self.grad_clip = float(cfg.optim.grad_clip)
 
@@ -57,17 +61,23 @@ class Strategy:
         from train.strategies.mesh import build_layout, model_parallel
 
         if model_parallel(self.cfg):
-            from train.strategies.pipeline import stage_layers
+            from train.strategies.pipeline import rank_layers
             from train.strategies.tensor_parallel import apply_tensor_parallel
 
             self.layout = build_layout(self.cfg, self.env, self.device.type)
             self.dp_rank, self.dp_size = self.layout.dp_rank, self.layout.dp
-            if self.layout.pp > 1:  # this rank's stage: its layers only (their names kept, for checkpoints)
-                model.keep_layers(stage_layers(self.cfg.model.n_layers, self.layout.pp, self.layout.pp_rank))
+            if self.layout.pp > 1:  # this rank's stages: their layers only (names kept, for checkpoints)
+                layers = rank_layers(self.cfg.model.n_layers, self.layout.pp, self.virtual_stages,
+                                     self.layout.pp_rank)
+                model.keep_layers(layers)  # type: ignore[operator]
             model = model.to(self.device)
             if self.layout.tp > 1:
                 apply_tensor_parallel(model, self.layout.mesh["tp"])
         self.blocks = prepare_blocks(model, self.cfg.model, self.cfg.strategy)
+        if self.layout is not None and self.layout.pp > 1:
+            from train.strategies.pipeline import chunks
+
+            self.parts = chunks(model, self.layout, self.virtual_stages)
         model = self.wrap(model.to(self.device))
         self.model = model
         self.optimizer = build_optimizer(model, self.cfg.optim)
@@ -78,7 +88,7 @@ class Strategy:
         if self.layout is not None and self.layout.pp > 1:
             from train.strategies.pipeline import Pipeline
 
-            self.pipeline = Pipeline(self, model)
+            self.pipeline = Pipeline(self, self.parts if self.virtual_stages > 1 else [model])
         return model
 
     # -- one optimizer step --------------------------------------------------------------------------------

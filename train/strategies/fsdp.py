@@ -34,8 +34,10 @@ class FSDPStrategy(Strategy):
         reshard = bool(self.cfg.strategy.reshard_after_forward)
         for block in self.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-        # The root keeps its parameters after forward: backward needs them at once (tied embedding/head).
-        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        # The root keeps its parameters after forward: backward needs them at once (tied embedding/head). An
+        # interleaved pipeline runs views of the model, one per stage: each is a root of its own.
+        for root in [p for p in self.parts if p is not model] or [model]:
+            fully_shard(root, mesh=mesh, reshard_after_forward=False)
         return model
 
     def make_scaler(self) -> Any:

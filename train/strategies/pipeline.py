@@ -13,16 +13,56 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor
 
 from train.data import IGNORE_INDEX
 
 
-def stage_layers(n_layers: int, pp: int, stage: int) -> range:
+def stage_layers(n_layers: int, stages: int, stage: int) -> range:
     """Consecutive layers, the same number on every stage (the plan refuses layer counts that don't divide)."""
-    per = n_layers // pp
+    per = n_layers // stages
     return range(stage * per, (stage + 1) * per)
+
+
+def rank_stages(pp_rank: int, pp: int, virtual: int) -> list[int]:
+    """The stages a pipeline rank runs: one, or `virtual` of them in a loop (rank r: r, r + pp, ...)."""
+    return [pp_rank + k * pp for k in range(virtual)]
+
+
+def rank_layers(n_layers: int, pp: int, virtual: int, pp_rank: int) -> list[int]:
+    return [layer for s in rank_stages(pp_rank, pp, virtual) for layer in stage_layers(n_layers, pp * virtual, s)]
+
+
+class Chunk(nn.Module):
+    """One stage of an interleaved schedule: a view of the rank's model that runs only that stage's layers (the
+    modules are the model's own, so the optimizer and checkpoints see one model with its usual names)."""
+
+    def __init__(self, model: Any, layers: range) -> None:
+        super().__init__()
+        self.cfg = model.cfg
+        n_layers = int(self.cfg.n_layers)
+        self.embed = model.embed if layers.start == 0 else None
+        self.pos_embed = model.pos_embed if layers.start == 0 else None
+        self.blocks = nn.ModuleDict({str(i): model.blocks[str(i)] for i in layers})
+        self.final_norm = model.final_norm if layers.stop == n_layers else None
+        self.lm_head = model.lm_head if layers.stop == n_layers else None
+        if self.cfg.position == "rope":
+            self.register_buffer("rope_cos", model.rope_cos, persistent=False)
+            self.register_buffer("rope_sin", model.rope_sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        from train.model import Transformer
+
+        return Transformer.forward(self, tokens)  # type: ignore[arg-type]
+
+
+def chunks(model: Any, layout: Any, virtual: int) -> list[nn.Module]:
+    """The modules the schedule runs on this rank: the model itself (1F1B), or one Chunk per stage."""
+    if virtual == 1:
+        return [model]
+    n_layers, total = int(model.cfg.n_layers), layout.pp * virtual
+    return [Chunk(model, stage_layers(n_layers, total, s)) for s in rank_stages(layout.pp_rank, layout.pp, virtual)]
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float, layout: Any) -> float:
@@ -43,14 +83,17 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, layout: Any) -> 
 
 
 class Pipeline:
-    def __init__(self, strategy: Any, model: nn.Module) -> None:
+    def __init__(self, strategy: Any, parts: list[nn.Module]) -> None:
         layout, cfg = strategy.layout, strategy.cfg
         self.strategy = strategy
         self.pp, self.first, self.last = layout.pp, layout.pp_rank == 0, layout.pp_rank == layout.pp - 1
-        self.stage = PipelineStage(model, layout.pp_rank, layout.pp, strategy.device,
-                                   group=layout.mesh["pp"].get_group())
-        self.schedule = Schedule1F1B(self.stage, n_microbatches=int(cfg.trainer.grad_accum_steps),
-                                     loss_fn=self._loss)
+        virtual = len(parts)
+        group = layout.mesh["pp"].get_group()
+        stages: list[Any] = [PipelineStage(part, s, layout.pp * virtual, strategy.device, group=group)
+                  for part, s in zip(parts, rank_stages(layout.pp_rank, layout.pp, virtual), strict=True)]
+        n_micro = int(cfg.trainer.grad_accum_steps)
+        self.schedule = (Schedule1F1B(stages[0], n_microbatches=n_micro, loss_fn=self._loss) if virtual == 1 else
+                         ScheduleInterleaved1F1B(stages, n_microbatches=n_micro, loss_fn=self._loss))
 
     @staticmethod
     def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
