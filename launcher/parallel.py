@@ -100,6 +100,9 @@ def check_micro_batches(d: Degrees, accum: int) -> None:
         raise ConfigError(f"parallel.pp={d.pp} needs at least {MIN_MICRO_PER_STAGE * d.pp} micro batches per step "
                           f"(4 x pp) and the step has {accum}: raise trainer.grad_accum_steps (or "
                           "trainer.global_batch_size) to at least that")
+    if d.pp > 1 and d.virtual > 1 and accum % d.pp:
+        raise ConfigError(f"parallel.pp_schedule=interleaved_1f1b runs micro batches in rounds of parallel.pp={d.pp}, "
+                          f"and the step has {accum}: make trainer.grad_accum_steps a multiple of {d.pp}")
 
 
 def bubble(d: Degrees, micro_batches: int) -> float:

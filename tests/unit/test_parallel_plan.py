@@ -72,6 +72,8 @@ def test_ranks_land_tensor_parallel_first_then_stages_then_data_parallel() -> No
     (["parallel.pp=2", "parallel.pp_schedule=gpipe"], "parallel.pp_schedule=gpipe is not one of"),
     (["parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b", "trainer.grad_accum_steps=8", "model.n_layers=6"],
      "model.n_layers=6 does not split evenly over 4 pipeline chunks (parallel.pp=2 x 2 per stage)"),
+    (["parallel.pp=4", "parallel.pp_schedule=interleaved_1f1b", "trainer.grad_accum_steps=18", "model.n_layers=8"],
+     "make trainer.grad_accum_steps a multiple of 4"),
     (["parallel.tp=2", "model.position=learned"], "use model.position=rope, or parallel.tp=1"),
     (["parallel.tp=2", "strategy=ddp"], "strategy=ddp does not compose with parallel.tp/pp over 2 replicas"),
 ])
