@@ -102,8 +102,11 @@ class Watchdog:
         self._stop = threading.Event()
         self._fired = threading.Event()
         self._thread: threading.Thread | None = None
-        self._test_hang = _injection(TEST_HANG_ENV, rank)
-        self._test_raise = _injection(TEST_RAISE_ENV, rank)
+        # Tests may confine an injection to runs whose directory name holds SLURMTRAIN_TEST_ONLY_IN (one sweep point).
+        only = os.environ.get("SLURMTRAIN_TEST_ONLY_IN")
+        injected = not only or only in self.run_dir.name
+        self._test_hang = _injection(TEST_HANG_ENV, rank) if injected else None
+        self._test_raise = _injection(TEST_RAISE_ENV, rank) if injected else None
         if self.enabled:
             self.enter("startup")
             self._thread = threading.Thread(target=self._watch, name="slurmtrain-watchdog", daemon=True)

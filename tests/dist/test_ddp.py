@@ -61,11 +61,9 @@ def test_gradient_accumulation_matches_a_bigger_micro_batch(run_root: Path) -> N
     np.testing.assert_allclose(accum, whole, rtol=1e-5)
 
 
-def test_a_failing_worker_fails_the_run_with_its_traceback(run_root: Path, tmp_path: Path) -> None:
-    tokens = tmp_path / "short.bin"
-    np.arange(10, dtype=np.uint16).tofile(tokens)  # fewer tokens than one sample: every worker raises
-    out = launch("data=tokens", f"data.path={hq(tokens)}", "local.nproc=2", "logger.backend=none",
-                 f"run.root={hq(run_root)}", "run.name=f")
+def test_a_failing_worker_fails_the_run_with_its_traceback(run_root: Path) -> None:
+    out = launch("local.nproc=2", "trainer.max_steps=5", "logger.backend=none", f"run.root={hq(run_root)}",
+                 "run.name=f", SLURMTRAIN_TEST_RAISE="1:2")  # rank 1 raises in step 2
     assert out.returncode != 0
-    assert "failed" in out.stderr and "fewer than one sample" in out.stderr
+    assert "rank 1 failed" in out.stderr and "injected failure on rank 1 at step 2" in out.stderr
     assert "Traceback" in out.stderr

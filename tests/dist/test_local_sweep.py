@@ -50,11 +50,9 @@ def test_local_sweep_runs_each_point_and_resumes_as_a_whole(run_root: Path) -> N
 
 
 def test_a_failed_point_fails_the_sweep_after_the_others_ran(run_root: Path) -> None:
-    tokens = run_root / "tokens.bin"
-    (np.arange(8192) % 256).astype(np.uint16).tofile(tokens)
-    # vocab 16 cannot embed token ids up to 255: that point fails at run time, the other one trains.
-    out = launch("-m", "model.vocab_size=16,256", "data=tokens", f"data.path={hq(tokens)}", "trainer.max_steps=2",
-                 "local.nproc=1", "logger.backend=none", f"run.root={hq(run_root)}", cwd=run_root)
+    # Point 0 ("bad") raises in its step 2 (an injected crash); point 1 trains.
+    out = launch("-m", "run.name=bad,good", "trainer.max_steps=2", "local.nproc=1", "logger.backend=none",
+                 f"run.root={hq(run_root)}", cwd=run_root, SLURMTRAIN_TEST_RAISE="0:2", SLURMTRAIN_TEST_ONLY_IN="bad")
     assert out.returncode == 1, out.stderr[-3000:]
     assert "failed (exit" in out.stderr
     sweep = load_sweep(next((run_root / "sweeps").iterdir()))
