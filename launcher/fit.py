@@ -155,7 +155,7 @@ def candidates(cfg: DictConfig, world: int, has_gpus: bool) -> tuple[list[str], 
     """Strategy names to try, in strategy=auto's order, and why the others cannot be used here."""
     names, skipped = [], []
     model_parallel = int(cfg.parallel.tp) * int(cfg.parallel.pp) > 1
-    for name in AUTO_SINGLE if world == 1 else AUTO_MULTI:
+    for name in AUTO_SINGLE if world == 1 and not model_parallel else AUTO_MULTI:
         why_not = unavailable(name, cfg, has_gpus)
         if model_parallel and name.split("+")[0] not in COMPOSABLE:
             why_not = "does not compose with parallel.tp/pp"
@@ -207,9 +207,12 @@ def _more_nodes_advice(cfg: DictConfig, world: int, nodes: int, shape: ModelShap
     return "nothing fits on this hardware: use a smaller model or more, larger GPUs"
 
 
-def check_fit(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, local_gpus: int, refuse: bool = True) -> Fit:
+def check_fit(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, local_gpus: int, refuse: bool = True,
+              ranks: int | None = None) -> Fit:
+    """`world`: the data-parallel size the states are sharded over; `ranks`: the processes sharing this host's
+    memory (the world size; more than `world` with tensor or pipeline parallelism)."""
     has_gpus = bool(local_gpus) if cfg.cluster is None else int(cfg.cluster.gpus_per_node) > 0
-    cap = capacity(cfg, world, local_gpus)
+    cap = capacity(cfg, ranks or world, local_gpus)
     reasons: list[str] = []
     if cfg.strategy.name == "auto":
         cfg.strategy.name = "ddp" if world > 1 else "single"  # a concrete starting point for the search

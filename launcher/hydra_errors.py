@@ -96,6 +96,15 @@ def one_line(text: str) -> str:
     if merging and len(lines) > 1:
         key = merging.group(1).split("=", 1)[0].lstrip("+~")
         return f"error: {merging.group(1)}: {lines[1]}: give {key} a value of its type"
+    if "LexerNoViableAltException" in joined and "~" in joined:
+        return ("error: Hydra's override grammar reads ~ as a deletion: quote a path that starts with ~ "
+                "('data.path=\"~/file\"') or write $HOME/... instead")
+    if "Unexpected type for root" in joined:
+        return ("error: a cluster.* or profile.* key was set without its section: add +cluster=NAME (or "
+                "+profile=default) before its keys")
+    if "does not support sweep type" in joined:
+        return ("error: this sweep type is not supported by the basic sweeper: sweep with comma lists (a=1,2), "
+                "range(start,stop[,step]) or choice(a,b)")
     if len(lines) > 1 and lines[-1].startswith("See https://hydra.cc"):
         return f"error: {'; '.join(lines[:-1])}: write overrides as key=value ({lines[-1][4:]})"
     return "error: " + "; ".join(lines)

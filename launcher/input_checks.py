@@ -86,7 +86,9 @@ def check_token_file(cfg: DictConfig) -> None:
 
 def _netrc_has(host: str) -> bool:
     try:
-        return netrc.netrc(os.environ.get("NETRC") or None).authenticators(host) is not None
+        # An explicit path: Python's default-path security check refuses a 0644 file wandb itself accepts.
+        path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+        return netrc.netrc(path).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
         return False
 

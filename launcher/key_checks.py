@@ -28,6 +28,8 @@ CHOICES = {
     "logger.mode": ("offline", "online", "disabled"),
     "precision.compute_dtype": ("float32", "bfloat16", "float16"),
     "checkpoint.verify": ("size", "full"),
+    "local.backend": (None, "gloo", "nccl"),
+    "parallel.pp_schedule": ("1f1b", "interleaved_1f1b"),
 }
 
 
@@ -83,7 +85,7 @@ def _describe(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) 
 
 
 def _in_range(value: float, lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> bool:
-    if isinstance(value, float) and math.isnan(value):
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return False
     if lo is not None and (value < lo or (lo_open and value == lo)):
         return False
@@ -127,7 +129,16 @@ def check_choices(cfg: DictConfig) -> None:
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
-            raise ConfigError(f"{key}={value} is not one of {', '.join(allowed)}: set {key}={allowed[0]}")
+            shown = [str(a) for a in allowed if a is not None]
+            raise ConfigError(f"{key}={value} is not one of {', '.join(shown)}: set {key}={shown[0]}")
+    if cfg.get("cluster") is not None and cfg.cluster.backend not in ("nccl", "gloo"):
+        raise ConfigError(f"cluster.backend={cfg.cluster.backend} is not one of nccl, gloo: set cluster.backend=nccl "
+                          "(GPUs) or gloo (CPUs)")
+    names = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+    p = cfg.precision
+    if names.get(p.name, p.compute_dtype) != p.compute_dtype:
+        raise ConfigError(f"precision.name={p.name} with precision.compute_dtype={p.compute_dtype} disagree: choose "
+                          f"the group, precision={p.name} (not precision.name=...)")
 
 
 def check_keys(cfg: DictConfig) -> None:

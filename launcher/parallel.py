@@ -98,8 +98,8 @@ def check_micro_batches(d: Degrees, accum: int) -> None:
     """A pipeline step runs its accumulation steps as micro batches through the stages."""
     if d.pp > 1 and accum < MIN_MICRO_PER_STAGE * d.pp:
         raise ConfigError(f"parallel.pp={d.pp} needs at least {MIN_MICRO_PER_STAGE * d.pp} micro batches per step "
-                          f"(4 x pp) and the step has {accum}: raise trainer.grad_accum_steps (or "
-                          "trainer.global_batch_size) to at least that")
+                          f"(4 x pp) and the step has {accum}: lower trainer.micro_batch_size (same global batch, more "
+                          "micro batches) or raise trainer.grad_accum_steps")
     if d.pp > 1 and d.virtual > 1 and accum % d.pp:
         raise ConfigError(f"parallel.pp_schedule=interleaved_1f1b runs micro batches in rounds of parallel.pp={d.pp}, "
                           f"and the step has {accum}: make trainer.grad_accum_steps a multiple of {d.pp}")

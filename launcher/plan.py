@@ -309,12 +309,15 @@ def make_plan(cfg: DictConfig) -> Plan:
     shape, shape_note = model_shape(cfg)
     nodes = int(cfg.cluster.nodes) if cfg.cluster is not None else 1
     local_gpus = local_gpu_count() if cfg.cluster is None else 0
+    if cfg.cluster is None and cfg.local.backend == "nccl" and not local_gpus:
+        raise ConfigError("local.backend=nccl needs GPUs and this machine has none: drop local.backend (gloo is "
+                          "picked on CPUs)")
     degrees = check_layout(cfg, world, tasks_per_node(cfg.cluster) if cfg.cluster is not None else world)
     dp = degrees.dp
     fit = None
     if shape is not None:
         fit = check_fit(cfg, dp, nodes, model_parallel_shape(shape, degrees), local_gpus,
-                        refuse=not cfg.launcher.prepare_only)
+                        refuse=not cfg.launcher.prepare_only, ranks=world)
     elif cfg.strategy.name == "auto":
         raise ConfigError(f"strategy=auto needs a memory estimate, and there is none ({shape_note}): name the "
                           "strategy, for example strategy=fsdp")

@@ -92,8 +92,12 @@ def write_plan(run_dir: Path, plan: Plan) -> None:
 def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None, plan: Plan | None = None) -> Path:
     if cfg.run.overwrite:
         clear_for_overwrite(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs").mkdir(exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"the run directory {run_dir} can't be created ({err.strerror}): point run.root at a "
+                          "directory you can write") from None
     config_path = run_dir / "config.yaml"
     # run.resume=false and run.overwrite=true are one-time choices made at launch and applied just above; the
     # config a requeued job re-reads must resume, never start over or delete what the first attempt saved.

@@ -93,9 +93,12 @@ class SweepSweeper(Sweeper):
         if OmegaConf.select(config, "hydra.launcher.training", default=False):
             # Which of the sweep directory's parents exist before the sweeper makes it: bad input removes only
             # what this command created.
-            sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser().resolve()
+            # Unnormalised: a bad sweep name ("..") still lists the directories mkdir would make on the way.
+            sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser()
+            sweep_dir = sweep_dir if sweep_dir.is_absolute() else Path.cwd() / sweep_dir
             if isinstance(self.inner.launcher, SweepLauncher):
-                self.inner.launcher.created = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
+                self.inner.launcher.created = [p for p in (sweep_dir, *sweep_dir.parents)
+                                               if p.name not in ("", ".", "..") and not p.exists()]
             self.inner.validate_batch_is_legal = lambda batch: None  # type: ignore[method-assign]
             # A training sweep is checked as a whole and submitted as arrays: batches would split both.
             if self.inner.max_batch_size:

@@ -54,6 +54,9 @@ def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[st
         if "/" in name or name in (".", ".."):
             raise ConfigError(f"launcher.sweep_name={name!r} must be a plain directory name: drop the slashes")
         swept = swept_keys(launcher.config.hydra.overrides.task)
+        if not job_overrides:
+            raise ConfigError("the sweep has no points (an empty range or list): give every swept key at least one "
+                              "value")
         points = [plan_point(launcher, initial_job_idx + i, overrides, swept)
                   for i, overrides in enumerate(job_overrides)]
         check_points(points)
@@ -98,7 +101,10 @@ def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], sw
     try:
         cfg = launcher.load_point(overrides)
     except (HydraException, OmegaConfBaseException) as err:  # a misspelled key, a missing group option
-        message = " ".join(str(err).split())
+        from launcher.hydra_errors import one_line
+
+        text = str(err) + ("\n" + str(err.__cause__) if err.__cause__ is not None else "")
+        message = one_line(text).removeprefix("error: ")
         raise ConfigError(f"sweep point {index} ({label}): {message}") from None
     sweep_name = Path(str(launcher.config.hydra.sweep.dir)).name
     with open_dict(cfg):

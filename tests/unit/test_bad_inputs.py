@@ -116,6 +116,20 @@ CASES = [
     Case("sweep-name", ("-m", "trainer.seed=1,2", "launcher.sweep_name=a/b"), "launcher.sweep_name"),
     Case("sweep-same-dir", ("-m", "trainer.seed=1,2", "run.name=same"), "same"),
     Case("free-form-key", (*BYO, "model=conv_lm", "model.args.width=3"), "add it with +model.args.width=3"),
+    Case("lr-infinite", ("optim.lr=inf",), "optim.lr=inf is out of range: set optim.lr to a value above 0"),
+    Case("precision-name", ("precision.name=bf16",), "choose the group, precision=bf16"),
+    Case("local-nccl", ("local.backend=nccl",), "local.backend=nccl needs GPUs and this machine has none"),
+    Case("tilde-path", ("data=tokens", "data.path=~/x.bin"), "quote a path that starts with ~"),
+    Case("cluster-key-alone", ("cluster.nodes=2",), "add +cluster=NAME (or +profile=default) before its keys"),
+    Case("cluster-extra-sbatch", (*CLUSTER, "+cluster.extra_sbatch.time=10"), "drop it and set that key instead"),
+    Case("cluster-tasks-gpus", ("+cluster=a100x16", "cluster.tasks_per_node=3"), "one rank per GPU"),
+    Case("cluster-term", (*CLUSTER, "cluster.signal=TERM"), "cluster.signal=TERM is not a signal the ranks can catch"),
+    Case("sweep-empty", ("-m", "trainer.seed=range(1,1)"), "the sweep has no points"),
+    Case("sweep-misspelled", ("-m", "trainer.max_stepz=1,2"), "sweep point 0 (trainer.max_stepz=1): "
+                                                              "trainer.max_stepz is not a slurmtrain key"),
+    Case("sweep-parent-name", ("-m", "trainer.seed=1,2", "launcher.sweep_name=.."), "launcher.sweep_name='..'"),
+    Case("parallel-tp-heads", ("local.nproc=2", "strategy=fsdp", "parallel.tp=2", "model.n_kv_heads=1",
+                               "model.tie_embeddings=false"), "pick a tp that divides both"),
     Case("sweep-grammar", ("-m", "trainer.seed=1,[2"), "expecting {COMMA, BRACKET_CLOSE}: write overrides as"),
 ]
 
