@@ -14,8 +14,8 @@ from tests.slurm.helpers import preempt_and_release, submitted_job_id
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 100
-COMMON = [f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.ckpt_every=25", "strategy=fsdp",
+STEPS = 30
+COMMON = [f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.ckpt_every=10", "strategy=fsdp",
           "parallel.tp=2", "model.tie_embeddings=false", "trainer.global_batch_size=16",
           "logger.backend=none"]
 

@@ -11,7 +11,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from launcher.sweepdir import Sweep, load_sweep
@@ -132,14 +131,12 @@ def test_sweep_with_an_invalid_point_exits_2_naming_it_and_queues_nothing(run_ro
 
 # ---- launcher.wait=true: follows every task, non-zero when one did not complete
 def test_wait_follows_the_array_and_fails_when_a_task_fails(run_root: Path) -> None:
-    tokens = run_root / "tokens.bin"
-    np.arange(4096, dtype=np.uint16).__mod__(256).astype(np.uint16).tofile(tokens)
-    # vocab 16 cannot embed token ids up to 255: that point fails at run time, after validation.
+    # Point 1 ("bad") crashes at run time (an injected failure in its step 2), after validation.
     # fsdp on a one-task allocation, too (torch's device mesh reads RANK, which SLURM does not set).
     # No retries of the failing point (cluster.max_failures=0): it fails for good at once.
-    out = launch("-m", "model.vocab_size=256,16", "data=tokens", f"data.path={hq(tokens)}", "+cluster=local_slurm",
-                 "cluster.nodes=1", "cluster.max_failures=0", "strategy=fsdp", "trainer.max_steps=3", "logger.backend=none", f"run.root={hq(run_root)}",
-                 "launcher.wait=true", timeout=400)
+    out = launch("-m", "run.name=good,bad", "+cluster=local_slurm", "cluster.nodes=1", "cluster.max_failures=0",
+                 "strategy=fsdp", "trainer.max_steps=3", "logger.backend=none", f"run.root={hq(run_root)}",
+                 "launcher.wait=true", timeout=400, SLURMTRAIN_TEST_RAISE="0:2", SLURMTRAIN_TEST_ONLY_IN="bad")
     assert out.returncode == 1, out.stderr[-3000:]
     sweep = load_sweep(sweep_dir_of(out.stdout))
     ok, bad = (p.jobs[-1] for p in sweep.points)
