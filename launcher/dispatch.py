@@ -23,6 +23,11 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
 
         refuse_live_jobs(plan.run_dir)
     print(plan.summary(), file=sys.stderr)
+    if plan.refusal:
+        from launcher.errors import EXIT_BAD_INPUT
+
+        print(f"error: {plan.refusal}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if plan.mode == "slurm":
         from launcher.slurm import submit
 

@@ -51,9 +51,6 @@ def check_layout(cfg: DictConfig, world: int, ranks_per_node: int) -> Degrees:
     if world % d.model_parallel:
         raise ConfigError(f"parallel.tp={d.tp} x parallel.pp={d.pp} = {d.model_parallel} does not divide the world "
                           f"size {world}: the degrees (times the data-parallel size) must multiply to {world}")
-    if cfg.strategy.name not in COMPOSABLE:
-        raise ConfigError(f"parallel.tp/pp compose with FSDP, HSDP or DDP, not strategy={cfg.strategy.name}: use "
-                          "strategy=fsdp")
     if m.get("_target_"):
         raise ConfigError("parallel.tp/pp need slurmtrain's transformer (they split its attention, MLP and layers): "
                           f"model._target_={m._target_} trains with parallel.tp=1 parallel.pp=1")
@@ -75,9 +72,6 @@ def check_layout(cfg: DictConfig, world: int, ranks_per_node: int) -> Degrees:
     if d.tp > 1 and m.position == "learned":
         raise ConfigError("learned position embeddings (GPT-2) are not split by tensor parallelism yet: use "
                           "model.position=rope, or parallel.tp=1")
-    if d.dp > 1 and cfg.strategy.name == "ddp":
-        raise ConfigError(f"strategy=ddp does not compose with parallel.tp/pp over {d.dp} replicas: use "
-                          "strategy=fsdp (or hsdp)")
     if d.pp > 1 and cfg.precision.name == "fp16":
         raise ConfigError("precision=fp16 (loss scaling) with pipeline parallelism is not supported: use "
                           "precision=bf16")
@@ -92,6 +86,18 @@ def check_layout(cfg: DictConfig, world: int, ranks_per_node: int) -> Degrees:
             raise ConfigError(f"model.n_layers={m.n_layers} does not split evenly over {chunks} pipeline chunks "
                               f"(parallel.pp={d.pp} x {d.virtual} per stage): pick a pp that divides the layers")
     return d
+
+
+def check_composable(cfg: DictConfig, d: Degrees) -> None:
+    """The data-parallel strategy must work on the tensor / pipeline mesh (a dry run still shows the plan)."""
+    if d.model_parallel == 1:
+        return
+    if cfg.strategy.name not in COMPOSABLE:
+        raise ConfigError(f"parallel.tp/pp compose with FSDP, HSDP or DDP, not strategy={cfg.strategy.name}: use "
+                          "strategy=fsdp")
+    if d.dp > 1 and cfg.strategy.name == "ddp":
+        raise ConfigError(f"strategy=ddp does not compose with parallel.tp/pp over {d.dp} replicas: use "
+                          "strategy=fsdp (or hsdp)")
 
 
 def check_micro_batches(d: Degrees, accum: int) -> None:

@@ -26,6 +26,7 @@ from launcher.input_checks import check_inputs
 from launcher.key_checks import check_keys
 from launcher.parallel import (
     MIN_MICRO_PER_STAGE,
+    check_composable,
     check_layout,
     check_micro_batches,
     model_parallel_shape,
@@ -70,6 +71,8 @@ class Plan:
     # The world size over the tensor and pipeline parallel degrees, and how the ranks land on nodes.
     data_parallel: int = 0
     layout_lines: tuple[str, ...] = ()
+    # A dry run's plan of a config that would be refused: the one-line reason, printed after the plan (exit 2).
+    refusal: str = ""
 
     @property
     def gpu_hours(self) -> float:
@@ -314,10 +317,18 @@ def make_plan(cfg: DictConfig) -> Plan:
                           "picked on CPUs)")
     degrees = check_layout(cfg, world, tasks_per_node(cfg.cluster) if cfg.cluster is not None else world)
     dp = degrees.dp
+    # A dry run shows the plan even of a config it refuses (then the refusal, exit 2); anything else refuses now.
+    refusal = _deferred(cfg, check_composable, cfg, degrees)
     fit = None
     if shape is not None:
-        fit = check_fit(cfg, dp, nodes, model_parallel_shape(shape, degrees), local_gpus,
-                        refuse=not cfg.launcher.prepare_only, ranks=world)
+        fit_args = (cfg, dp, nodes, model_parallel_shape(shape, degrees), local_gpus)
+        try:
+            fit = check_fit(*fit_args, refuse=not cfg.launcher.prepare_only, ranks=world)
+        except ConfigError as err:
+            if not cfg.launcher.dry_run or cfg.strategy.name == "auto":
+                raise
+            refusal = refusal or str(err)
+            fit = check_fit(*fit_args, refuse=False, ranks=world)
     elif cfg.strategy.name == "auto":
         raise ConfigError(f"strategy=auto needs a memory estimate, and there is none ({shape_note}): name the "
                           "strategy, for example strategy=fsdp")
@@ -356,10 +367,22 @@ def make_plan(cfg: DictConfig) -> Plan:
             cfg, world, global_batch * cfg.data.seq_len,
             int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node) if cfg.cluster is not None else local_gpus, shape),
         model_note=shape_note,
+        refusal=refusal,
         data_parallel=dp,
         layout_lines=tuple(summary_lines(degrees, world, accum)),
         **_reservation(cfg),
     )
+
+
+def _deferred(cfg: DictConfig, check: Any, *args: Any, **kwargs: Any) -> str:
+    """Run a check; in a dry run return its refusal (shown after the plan) instead of raising it."""
+    try:
+        check(*args, **kwargs)
+    except ConfigError as err:
+        if not cfg.launcher.dry_run or cfg.strategy.name == "auto":
+            raise
+        return str(err)
+    return ""
 
 
 def _lr_note(cfg: DictConfig, global_batch: int) -> str:

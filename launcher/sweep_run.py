@@ -112,6 +112,8 @@ def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], sw
             cfg.logger.group = sweep_name  # each point its own wandb run, grouped by the sweep
     try:
         plan = make_plan(cfg)
+        if plan.refusal:
+            raise ConfigError(plan.refusal)
     except ConfigError as err:
         raise ConfigError(f"sweep point {index} ({label}): {err}") from None
     point.run_dir = str(plan.run_dir)

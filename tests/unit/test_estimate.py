@@ -78,12 +78,17 @@ def test_activation_estimate_is_within_15_percent_of_what_autograd_saves(model: 
 
 
 def test_70b_with_ddp_is_refused_naming_what_fits(tmp_path: Path) -> None:
-    out = launch("+cluster=a100x16", "model=llama3_70b", "strategy=ddp", "launcher.dry_run=true",
-                 f"run.root={hq(tmp_path)}")
+    out = launch("+cluster=a100x16", "model=llama3_70b", "strategy=ddp", f"run.root={hq(tmp_path)}")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: model=llama3_70b with strategy=ddp does not fit: ")
     assert "use strategy=" in lines[0] and "launcher.force=true" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+    # A dry run shows the plan it refuses, then the same one line, and writes nothing either.
+    dry = launch("+cluster=a100x16", "model=llama3_70b", "strategy=ddp", "launcher.dry_run=true",
+                 f"run.root={hq(tmp_path)}")
+    assert dry.returncode == 2 and dry.stderr.strip().splitlines()[-1] == lines[0]
+    assert "memory per rank:" in dry.stderr and "DOES NOT FIT" in dry.stderr
     assert list(tmp_path.iterdir()) == []
     # The change it names does fit.
     fix = lines[0].split("use ")[1].split(" (")[0].split()

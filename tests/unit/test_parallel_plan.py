@@ -30,6 +30,17 @@ def test_the_70b_plan_shows_layout_memory_and_bubble_and_tp_across_nodes_is_refu
     assert "parallel.tp=16 spans nodes of 8 GPUs" in lines[0] and "parallel.allow_cross_node_tp=true" in lines[0]
 
 
+def test_the_issue_command_shows_the_plan_then_why_it_is_refused(tmp_path: Path) -> None:
+    out = launch(*H100X64, "parallel.tp=8", "parallel.pp=2", f"run.root={hq(tmp_path)}")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2
+    assert "layout: tensor-parallel 8 x pipeline 2 x data-parallel 4 = 64 ranks" in out.stderr
+    assert "bubble 11.1%" in out.stderr and "memory per rank: " in out.stderr
+    assert lines[-1] == ("error: strategy=ddp does not compose with parallel.tp/pp over 4 replicas: use strategy=fsdp "
+                         "(or hsdp)")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_model_parallelism_divides_the_memory_per_rank() -> None:
     _, alone = compose_and_plan(["+cluster=h100x64", "model=llama3_70b", *FITS, "launcher.force=true"])
     _, split = compose_and_plan(["+cluster=h100x64", "model=llama3_70b", *FITS, "parallel.tp=8", "parallel.pp=2",
