@@ -84,7 +84,8 @@ def check_layout(cfg: DictConfig, world: int, ranks_per_node: int) -> Degrees:
         chunks = d.pp * d.virtual
         if m.n_layers % chunks:
             raise ConfigError(f"model.n_layers={m.n_layers} does not split evenly over {chunks} pipeline chunks "
-                              f"(parallel.pp={d.pp} x {d.virtual} per stage): pick a pp that divides the layers")
+                              f"(parallel.pp={d.pp} x {d.virtual} per stage): pick parallel.pp (and parallel.pp_virtual_stages) "
+                              "whose product divides the layers")
     return d
 
 

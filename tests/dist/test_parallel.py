@@ -66,25 +66,25 @@ def _traced(trace_dir: Path) -> dict[int, list[int]]:
 
 def test_a_checkpoint_resumes_on_another_layout_and_back(run_root: Path, tmp_path: Path,
                                                          uninterrupted: dict[int, float]) -> None:
-    """tp=2 x fsdp=2 stopped at step 6, resumed with fsdp=4 and stopped at 9, resumed with tp=2 x fsdp=2 to 12."""
+    """tp=2 x fsdp=2 stopped at step 10, resumed with fsdp=4 and stopped at 15, resumed with tp=2 x fsdp=2 to 20."""
     trace = tmp_path / "trace"
     trace.mkdir()
-    common = [*COMMON[:2], "trainer.micro_batch_size=4", "trainer.max_steps=12", "trainer.log_every=1",
+    common = [*COMMON[:2], "trainer.micro_batch_size=4", "trainer.max_steps=20", "trainer.log_every=1",
               "strategy=fsdp", "local.nproc=4", "logger.backend=none", f"run.root={hq(run_root)}", "run.name=moved"]
-    first = launch(*common, "parallel.tp=2", SLURMTRAIN_TEST_SIGNAL="6:0", SLURMTRAIN_TRACE_SAMPLES=str(trace))
+    first = launch(*common, "parallel.tp=2", SLURMTRAIN_TEST_SIGNAL="10:0", SLURMTRAIN_TRACE_SAMPLES=str(trace))
     assert first.returncode == EXIT_STOPPED, first.stderr[-3000:]
-    second = launch(*common, SLURMTRAIN_TEST_SIGNAL="9:0", SLURMTRAIN_TRACE_SAMPLES=str(trace))
+    second = launch(*common, SLURMTRAIN_TEST_SIGNAL="15:0", SLURMTRAIN_TRACE_SAMPLES=str(trace))
     assert second.returncode == EXIT_STOPPED, second.stderr[-3000:]
-    assert "step 6, 96 samples consumed" in second.stderr
+    assert "step 10, 160 samples consumed" in second.stderr
     third = launch(*common, "parallel.tp=2", SLURMTRAIN_TRACE_SAMPLES=str(trace))
     assert third.returncode == 0, third.stderr[-3000:]
-    assert "step 9, 144 samples consumed" in third.stderr
+    assert "step 15, 240 samples consumed" in third.stderr
     got = {r["step"]: r["loss"] for r in read_metrics(run_root / "moved")}
-    assert sorted(got) == list(range(1, 13))
-    for step in range(1, 13):
+    assert sorted(got) == list(range(1, 21))
+    for step in range(1, 21):
         assert got[step] == pytest.approx(uninterrupted[step], rel=1e-5), step
     steps = _traced(trace)
-    assert sorted(steps) == list(range(1, 13))
+    assert sorted(steps) == list(range(1, 21))
     for step, indices in steps.items():  # each sample once: 16 per step, in global order
         assert sorted(indices) == list(range(16 * (step - 1), 16 * step)), step
 
@@ -92,7 +92,7 @@ def test_a_checkpoint_resumes_on_another_layout_and_back(run_root: Path, tmp_pat
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     root = tmp_path_factory.mktemp("whole")
-    out = launch(*COMMON[:2], "trainer.micro_batch_size=4", "trainer.max_steps=12", "trainer.log_every=1", "strategy=fsdp", "local.nproc=4",
+    out = launch(*COMMON[:2], "trainer.micro_batch_size=4", "trainer.max_steps=20", "trainer.log_every=1", "strategy=fsdp", "local.nproc=4",
                  "logger.backend=none", f"run.root={hq(root)}", "run.name=whole")
     assert out.returncode == 0, out.stderr[-3000:]
     return {r["step"]: r["loss"] for r in read_metrics(root / "whole")}
