@@ -16,7 +16,7 @@ from tests.slurm.helpers import preempt_and_release, sacct_state, submitted_job_
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 100
+STEPS = 50
 PROJECT = ["--config-dir", "conf", "model=conv_lm", "data=chars"]
 
 

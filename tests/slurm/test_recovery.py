@@ -112,19 +112,19 @@ def _start_when_pending(job_id: str, events: int, run_dir: Path, excluded: int) 
     poll(started, 180, "the requeued job to start", interval=2.0)
 
 
-LONG = 300  # steps: time for the preemption signal to land well before the injected faults
+LONG = 150  # steps: time for the preemption signal to land well before the injected faults
 
 
 def test_a_run_with_a_preemption_a_hang_and_a_crash_ends_bitwise_with_its_events_and_goodput(run_root: Path) -> None:
-    """One 1-node job, 2 ranks: USR1 in attempt 0; rank 1 hangs at step 250 in attempt 1 (its host is left out);
-    rank 0 raises at step 280 in attempt 2 (its host is left out too: the third node remains); attempt 3 finishes."""
+    """One 1-node job, 2 ranks: USR1 in attempt 0; rank 1 hangs at step 110 in attempt 1 (its host is left out);
+    rank 0 raises at step 130 in attempt 2 (its host is left out too: the third node remains); attempt 3 finishes."""
     common = [f"trainer.max_steps={LONG}", "trainer.log_every=1", "trainer.ckpt_every=5", "+cluster=local_slurm",
               "cluster.nodes=1", "cluster.tasks_per_node=2", "logger.backend=none", f"run.root={hq(run_root)}"]
     reference = launch(*common[:3], "local.nproc=2", f"run.root={hq(run_root)}", "run.name=ref",
                        "logger.backend=none")
     assert reference.returncode == 0, reference.stderr[-3000:]
-    out = launch(*common, "run.name=faults", "watchdog.step_timeout_s=4", SLURMTRAIN_TEST_HANG="1:250:1",
-                 SLURMTRAIN_TEST_RAISE="0:280:2")
+    out = launch(*common, "run.name=faults", "watchdog.step_timeout_s=4", SLURMTRAIN_TEST_HANG="1:110:1",
+                 SLURMTRAIN_TEST_RAISE="0:130:2")
     assert out.returncode == 0, out.stderr
     job_id = submitted_job_id(out.stdout)
     run_dir = run_root / "faults"
@@ -141,13 +141,13 @@ def test_a_run_with_a_preemption_a_hang_and_a_crash_ends_bitwise_with_its_events
     log = (run_dir / "slurm" / f"{job_id}_0_log.err").read_text()
     resumed = [int(m) for m in re.findall(r"resumed from .*step_\d+: step (\d+)", log)]
     preempted, hung, crashed, finished = events
-    assert preempted["steps_lost"] == 0 and preempted["step"] == resumed[0] < 250  # the stop step itself is saved
-    assert hung["step"] == 249 and hung["steps_lost"] == 249 - resumed[1] and resumed[1] == 245
-    assert crashed["step"] == 279 and crashed["steps_lost"] == 279 - resumed[2] and resumed[2] == 275
+    assert preempted["steps_lost"] == 0 and preempted["step"] == resumed[0] < 110  # the stop step itself is saved
+    assert hung["step"] == 109 and hung["steps_lost"] == 109 - resumed[1] and resumed[1] == 105
+    assert crashed["step"] == 129 and crashed["steps_lost"] == 129 - resumed[2] and resumed[2] == 125
     assert finished["step"] == LONG
     # The hung rank (1) is named by every dump, and its host is the one left out.
     headers = {r: json.loads((run_dir / "hangs" / f"rank{r}.txt").read_text().splitlines()[0]) for r in (0, 1)}
-    assert headers[0]["last_finished_step"] == headers[1]["last_finished_step"] == 249
+    assert headers[0]["last_finished_step"] == headers[1]["last_finished_step"] == 109
     assert all(h["fired_at"] - h["entered_at"] <= 4 + 1.5 for h in headers.values())
     assert hung["host"] == headers[1]["host"] and crashed["host"] != hung["host"]
     attempts = [_hostnames(nodes) for nodes, _ in _nodes_per_attempt(job_id)]

@@ -13,7 +13,7 @@ from tests.slurm.helpers import preempt_and_release, submitted_job_id
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 300
+STEPS = 150
 
 
 def test_usr1_requeues_and_resumes_exactly(run_root: Path) -> None:

@@ -146,7 +146,7 @@ def test_wait_follows_the_array_and_fails_when_a_task_fails(run_root: Path) -> N
 
 
 # ---- acceptance 2, 3, 5: one task preempted alone, two cancelled and resumed by re-running the sweep
-STEPS = 300
+STEPS = 150
 FAULT_ARGS = ["+cluster=local_slurm", "cluster.nodes=1", f"trainer.max_steps={STEPS}", "trainer.log_every=1",
               "trainer.ckpt_every=20", "logger.backend=none"]
 
