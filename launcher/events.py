@@ -38,6 +38,25 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return events
 
 
+def settle_steps_lost(run_dir: Path, resumed_step: int) -> None:
+    """A resume knows what the last attempt really lost: its end's step less the step resumed from. (At a crash an
+    asynchronous save may still complete after the end was recorded, so the recorded count can be too high.)"""
+    events = read_events(run_dir)
+    if not events or events[-1].get("step") is None:
+        return
+    last = events[-1]
+    if last.get("kind") not in ("crashed", "hung", "preempted", "stopped"):
+        return
+    lost = max(0, int(last["step"]) - int(resumed_step))
+    if last.get("steps_lost") == lost:
+        return
+    last["steps_lost"] = lost
+    path = Path(run_dir) / EVENTS_FILE
+    tmp = path.with_name(f".{EVENTS_FILE}.tmp")
+    tmp.write_text("".join(json.dumps(e) + "\n" for e in events))
+    tmp.replace(path)
+
+
 def unexpected_failures(run_dir: Path) -> int:
     return sum(1 for e in read_events(run_dir) if e.get("kind") in UNEXPECTED)
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from launcher.events import settle_steps_lost
 from launcher.schema import TrainerConfig
 from train import distributed
 from train.build import build_model, flops_per_token, logits_of
@@ -70,6 +71,7 @@ def restore(ckpt: CheckpointManager, cfg: Any, env: DistEnv) -> TrainState:
     state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
     if env.is_main:
         log.info("resumed from %s: step %d, %d samples consumed", latest.path, state.step, state.samples)
+        settle_steps_lost(ckpt.run_dir, state.step)
     return state
 
 

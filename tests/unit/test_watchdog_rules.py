@@ -80,3 +80,15 @@ def test_the_rank_that_got_least_far_is_the_culprit_and_its_host_is_named() -> N
     # Culprits on two hosts: no single host to leave out.
     two = {0: dump("n1", 16, 0), 1: dump("n2", 16, 0), 2: dump("n3", 16, 1)}
     assert least_progress(two, 3) == [0, 1] and culprit_host(two, [0, 1]) is None
+
+
+def test_a_resume_settles_what_the_last_attempt_lost(tmp_path: Path) -> None:
+    from launcher.events import settle_steps_lost
+
+    # Recorded at the crash: the newest complete checkpoint was step 5; step 10's async save completed after.
+    record_event(tmp_path, "preempted", step=4, steps_lost=0)
+    record_event(tmp_path, "crashed", step=11, steps_lost=6)
+    settle_steps_lost(tmp_path, 10)
+    assert [e["steps_lost"] for e in read_events(tmp_path)] == [0, 1]
+    settle_steps_lost(tmp_path, 10)  # idempotent
+    assert [e["steps_lost"] for e in read_events(tmp_path)] == [0, 1]
