@@ -1,10 +1,9 @@
 """examples/byo_project on the real local cluster, from an outside directory with its own train.py: its own
-cluster YAML, model and data; a USR1 preemption requeues it and it ends bitwise where an uninterrupted run ends;
-a sweep over its own hyperparameters is one job array."""
+cluster YAML, model and data; a sweep over its own hyperparameters is one job array. (Preemption is the same for
+any model: tests/slurm/test_requeue.py and test_parallel.py requeue on USR1 and end bitwise.)"""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,34 +11,11 @@ from omegaconf import OmegaConf
 
 from launcher.sweepdir import load_sweep
 from tests.conftest import hq, launch, read_metrics
-from tests.slurm.helpers import preempt_and_release, sacct_state, submitted_job_id
+from tests.slurm.helpers import sacct_state
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 50
 PROJECT = ["--config-dir", "conf", "model=conv_lm", "data=chars"]
-
-
-def test_the_example_requeues_on_usr1_and_ends_where_an_uninterrupted_run_ends(byo_project: Path,
-                                                                                run_root: Path) -> None:
-    common = [*PROJECT, "strategy=fsdp", f"trainer.max_steps={STEPS}", "trainer.log_every=1",
-              "trainer.ckpt_every=0", f"run.root={hq(run_root)}"]
-    out = launch(*common, "+cluster=my_cluster", "run.name=pre", cwd=byo_project)
-    assert out.returncode == 0, out.stderr[-3000:]
-    job_id = submitted_job_id(out.stdout)
-    run_dir = run_root / "pre"
-    assert preempt_and_release(job_id, run_dir) == "COMPLETED"
-    history = subprocess.run(["sacct", "-j", job_id, "-D", "-X", "-n", "-o", "State"], capture_output=True,
-                             text=True).stdout.split()
-    assert "REQUEUED" in history, history
-    cfg = OmegaConf.load(run_dir / "config.yaml")
-    assert cfg.cluster.name == "my_cluster" and cfg.model._target_ == "model.ConvLM"
-
-    reference = launch(*common, "local.nproc=2", "run.name=ref", cwd=byo_project)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    assert [r["loss"] for r in rows] == [r["loss"] for r in read_metrics(run_root / "ref")]
 
 
 def test_a_sweep_over_the_examples_own_hyperparameters_is_one_array(byo_project: Path, run_root: Path) -> None:
