@@ -67,9 +67,9 @@ def refuse_fused_layout(dcp_dir: Path) -> None:
     except Exception:  # unreadable metadata: DCP's own load reports it
         return
     if any(k.endswith(".attn.kv.weight") for k in keys):
-        raise ConfigError(f"{dcp_dir.parent} was written by slurmtrain before commit a56c7c7, whose transformer "
-                          "fused attn.kv: finish this run with that release, or start over with run.resume=false "
-                          "run.overwrite=true")
+        raise ConfigError(f"{dcp_dir.parent} was written by a slurmtrain older than commit decf8fb, whose transformer "
+                          "fused attn.kv: finish this run with that older release (commit a56c7c7 or before), or start "
+                          "over with run.resume=false run.overwrite=true")
 
 
 def rng_state() -> dict[str, Any]:
