@@ -39,6 +39,17 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def traced_samples(trace_dir: Path) -> dict[int, list[int]]:
+    """step -> every global sample index trained on in that step, over all ranks and world sizes
+    (SLURMTRAIN_TRACE_SAMPLES files)."""
+    steps: dict[int, list[int]] = {}
+    for f in Path(trace_dir).glob("rank*_world*.txt"):
+        for line in f.read_text().splitlines():
+            step, *indices = map(int, line.split())
+            steps.setdefault(step, []).extend(indices)
+    return steps
+
+
 @pytest.fixture
 def run_root(tmp_path: Path) -> Path:
     # Shell-hostile on purpose: spaces and quotes must survive every layer (argv lists, sbatch, srun).

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from launcher.errors import EXIT_STOPPED
 from launcher.local import free_port
-from tests.conftest import hq, launch, read_metrics
+from tests.conftest import hq, launch, read_metrics, traced_samples
 from tests.dist.workers import train_several
 
 pytestmark = pytest.mark.dist
@@ -55,15 +55,6 @@ def test_every_layout_reaches_the_single_process_loss(tmp_path: Path) -> None:
             assert losses[step] == pytest.approx(expected[step], rel=1e-4), (name, step, losses, expected)
 
 
-def _traced(trace_dir: Path) -> dict[int, list[int]]:
-    steps: dict[int, list[int]] = {}
-    for f in trace_dir.glob("rank*_world*.txt"):
-        for line in f.read_text().splitlines():
-            step, *indices = map(int, line.split())
-            steps.setdefault(step, []).extend(indices)
-    return steps
-
-
 def test_a_checkpoint_resumes_on_another_layout_and_back(run_root: Path, tmp_path: Path,
                                                          uninterrupted: dict[int, float]) -> None:
     """tp=2 x fsdp=2 stopped at step 10, resumed with fsdp=4 and stopped at 15, resumed with tp=2 x fsdp=2 to 20."""
@@ -83,7 +74,7 @@ def test_a_checkpoint_resumes_on_another_layout_and_back(run_root: Path, tmp_pat
     assert sorted(got) == list(range(1, 21))
     for step in range(1, 21):
         assert got[step] == pytest.approx(uninterrupted[step], rel=1e-5), step
-    steps = _traced(trace)
+    steps = traced_samples(trace)
     assert sorted(steps) == list(range(1, 21))
     for step, indices in steps.items():  # each sample once: 16 per step, in global order
         assert sorted(indices) == list(range(16 * (step - 1), 16 * step)), step

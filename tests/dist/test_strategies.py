@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from launcher.errors import EXIT_STOPPED
 from launcher.local import free_port
-from tests.conftest import hq, launch, read_metrics
+from tests.conftest import hq, launch, read_metrics, traced_samples
 from tests.dist.workers import train_several
 
 pytestmark = pytest.mark.dist
@@ -69,16 +69,6 @@ def test_stop_at_7_resume_reaches_the_same_loss_at_12(strategy: str, run_root: P
     assert got == expected  # these strategies are deterministic on CPU: bitwise
 
 
-def _traced(trace_dir: Path) -> dict[int, list[int]]:
-    """step -> every global sample index trained on in that step, over all ranks and world sizes."""
-    steps: dict[int, list[int]] = {}
-    for f in trace_dir.glob("rank*_world*.txt"):
-        for line in f.read_text().splitlines():
-            step, *indices = map(int, line.split())
-            steps.setdefault(step, []).extend(indices)
-    return steps
-
-
 def test_fsdp_resumes_on_a_different_world_size_without_repeating_or_skipping(run_root: Path,
                                                                                tmp_path: Path) -> None:
     tmp_path = tmp_path / "trace"
@@ -91,7 +81,7 @@ def test_fsdp_resumes_on_a_different_world_size_without_repeating_or_skipping(ru
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stderr and "step 10," in second.stderr
     assert "world size changed (2 -> 1)" in second.stderr
-    traced = _traced(tmp_path)
+    traced = traced_samples(tmp_path)
     assert sorted(traced) == list(range(1, 21))
     for step, indices in traced.items():
         assert sorted(indices) == list(range((step - 1) * 16, step * 16)), step

@@ -36,24 +36,6 @@ def _excluded(job_id: str) -> str:
     return next((w.split("=", 1)[1] for w in out.split() if w.startswith("ExcNodeList=")), "(null)")
 
 
-def _release_when_pending(job_id: str, run_dir: Path, excluded: bool = False) -> None:
-    # A requeued job waits for its BeginTime; release it as an operator would (as the preemption tests do), once
-    # the failed node is left out when that is expected.
-    poll(lambda: any(e["kind"] in ("crashed", "hung") for e in read_events(run_dir)), 180, "the failure")
-    poll(lambda: squeue_state(job_id) == "PENDING", 180, "the job to be requeued")
-    if excluded:
-        poll(lambda: _excluded(job_id) != "(null)", 60, "the failed node to be left out")
-
-    def started() -> bool:
-        # Until the requeue has settled SLURM may set its begin time again: repeat until the job leaves PENDING.
-        if squeue_state(job_id) != "PENDING":
-            return True
-        subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True)
-        return False
-
-    poll(started, 180, "the requeued job to start", interval=2.0)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     root = tmp_path_factory.mktemp("ref")
@@ -69,7 +51,7 @@ def test_a_rank_that_raises_is_requeued_without_its_node_and_ends_bitwise(run_ro
     assert out.returncode == 0, out.stderr
     job_id = submitted_job_id(out.stdout)
     run_dir = run_root / "crash"
-    _release_when_pending(job_id, run_dir, excluded=True)
+    _start_when_pending(job_id, 1, run_dir, excluded=1)
     assert wait_terminal(job_id, timeout=300) == "COMPLETED"
     crashed, finished = read_events(run_dir)
     log = (run_dir / "slurm" / f"{job_id}_0_log.err").read_text()
@@ -104,6 +86,7 @@ def _start_when_pending(job_id: str, events: int, run_dir: Path, excluded: int) 
              f"{excluded} host(s) to be left out")
 
     def started() -> bool:
+        # Until the requeue has settled SLURM may set its begin time again: repeat until the job leaves PENDING.
         if squeue_state(job_id) != "PENDING":
             return True
         subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True)
