@@ -18,6 +18,7 @@ BENCHMARKS = {
     "memory_estimate": "bench.memory_estimate",
     "telemetry_overhead": "bench.telemetry_overhead",
     "loop_overhead": "bench.loop_overhead",
+    "preemption_turnaround": "bench.preemption_turnaround",
 }
 
 

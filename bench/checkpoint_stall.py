@@ -1,9 +1,11 @@
 """How long training stalls for an asynchronous checkpoint, as a ratio to a synchronous save of the same state.
 
 One process, the real model, strategy and CheckpointManager, one run. The stall of an async save is the time the
-training loop is blocked by it (DCP plans the save and copies the state into staging buffers that were allocated
-before training; the files are then written by a background thread while training goes on). It is compared
-with a synchronous save of the same state. Target: at most 10%.
+training loop is blocked by it, as CheckpointManager.stall_s counts it: the save call itself (RNG and trainer
+state, the state dict), the wait before the next optimizer step for the copy into the staging buffers (made by a
+background thread while the next forward and backward run), and finishing the save (marker, retention) when a
+later step finds it written. It is compared with a synchronous save of the same state. Target (issue 13): at most
+5%.
 
 Also reported: on this CPU-only machine the background writer competes with training for the same cores and
 memory bandwidth, so steps taken while a save is in flight are slower; that slowdown is measured over a window
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-TARGET_RATIO = 0.10
+TARGET_RATIO = 0.05
 OVERRIDES = ["model=gpt2_124m", "data.seq_len=64", "trainer.micro_batch_size=1", "strategy=single",
              "local.nproc=1", "logger.backend=none", "trainer.max_steps=1000", "run.name=bench"]
 REPEATS = 3
@@ -48,21 +50,21 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     def step() -> None:
         train_step(model, strategy, source, state, cfg, env, device)
+        ckpt.ready_for_update()  # as train() does: an async save's staging copy must be done
         strategy.optimizer_step()
         state.step += 1
         state.samples += cfg.trainer.micro_batch_size
 
     def window(save: bool) -> tuple[float, float, bool]:
         """WINDOW_STEPS steps, an async save started before the first; (wall, blocking, finished in window)."""
-        t0 = time.perf_counter()
+        t0, stalled = time.perf_counter(), ckpt.stall_s
         if save:
             ckpt.save(state, blocking=False)
-        blocking = time.perf_counter() - t0
         for _ in range(WINDOW_STEPS):
             step()
             ckpt.poll()
         finished = ckpt.pending is None
-        wall = time.perf_counter() - t0
+        wall, blocking = time.perf_counter() - t0, ckpt.stall_s - stalled
         ckpt.wait()
         return wall, blocking, finished
 

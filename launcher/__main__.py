@@ -30,8 +30,25 @@ def _hydra_main(cfg: DictConfig) -> int:
     return 0
 
 
+def _compose_once() -> None:
+    """Hydra composes the whole config a first time only to read `hydra.mode`, which our config never sets, then
+    again to run: half of a submission's wait (bench/submit_latency.py). The mode then comes from -m as usual; an
+    explicit `hydra.mode=` override keeps Hydra's own way."""
+    from hydra._internal.hydra import Hydra
+
+    read_mode = Hydra.get_mode
+
+    def get_mode(self: Hydra, config_name: str | None, overrides: list[str]) -> object:
+        if any(o.lstrip("+~").startswith("hydra.mode") for o in overrides):
+            return read_mode(self, config_name, overrides)
+        return None
+
+    Hydra.get_mode = get_mode  # type: ignore[method-assign]
+
+
 def main() -> None:
     register()
+    _compose_once()
     hydra_errors.hold()
     try:
         _hydra_main()

@@ -4,6 +4,12 @@ Model and optimizer go through torch.distributed.checkpoint (DCP) with the FQN-k
 torch.distributed.checkpoint.state_dict, so a checkpoint written by N ranks loads on M ranks. Periodic saves are
 asynchronous (DCP async_save on a gloo group of their own, at most one in flight); the save on preemption and at
 the end is synchronous. Rank 0 writes the COMPLETE marker only once the DCP save has finished on every rank.
+
+An asynchronous save blocks training for as little as it can: the copy of the state into the staging buffers (the
+bulk of a save's time on the training thread) runs in a background thread too, overlapping the next step's
+forward and backward, which only read the parameters. The loop calls `ready_for_update()` before the optimizer
+step, the first thing that writes them, and waits there if the copy is not finished. `stall_s` counts what
+training waited, in save() and there.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import os
 import random
 import signal
+import time
 import warnings
 from concurrent.futures import Future
 from dataclasses import asdict
@@ -100,14 +107,24 @@ class CheckpointManager:
         # interleave with the training collectives on the default group (which may be NCCL).
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self.pending: tuple[int, Future[Any], Path] | None = None
+        # The in-flight save's copy into the staging buffers: the parameters and optimizer state must not change
+        # before it completes (ready_for_update).
+        self.staging: Future[Any] | None = None
         self.last_saved_step = -1
-        # One stager for the whole run: it keeps its CPU staging buffers, so only the first async save pays for
-        # allocating them; later ones are a plain copy (the stall measured by `make bench`). Copies are made
-        # synchronously, so training can't change the tensors while they are staged.
+        # One stager for the whole run: it keeps its CPU staging buffers (pinned on CUDA), so only the first async
+        # save pays for allocating them; later ones are a plain copy, made by the stager's own thread.
         self.stager: DefaultStager | None = None
+        self.stall_s = 0.0  # seconds training waited on checkpointing: save() and ready_for_update()
 
     # -- saving --------------------------------------------------------------------------------------------
     def save(self, state: Any, *, blocking: bool) -> None:
+        start = time.perf_counter()
+        try:
+            self._save(state, blocking=blocking)
+        finally:
+            self.stall_s += time.perf_counter() - start
+
+    def _save(self, state: Any, *, blocking: bool) -> None:
         if state.step == self.last_saved_step:
             self.wait()
             return
@@ -143,8 +160,12 @@ class CheckpointManager:
             self._complete(state.step, path)
         else:
             self.prepare_async()
-            future = dcp.async_save(target, checkpoint_id=path / "model_optim", process_group=self.group,
-                                    async_stager=self.stager)
+            response = dcp.async_save(target, checkpoint_id=path / "model_optim", process_group=self.group,
+                                      async_stager=self.stager)
+            if isinstance(response, Future):  # no stager (no optimizer state yet): staged synchronously
+                future = response
+            else:
+                self.staging, future = response.staging_completion, response.upload_completion
             rank = self.env.rank
 
             def hash_own_files(done: Future[Any], step_path: Path = path) -> None:
@@ -162,20 +183,39 @@ class CheckpointManager:
         the state dict here changes nothing; without that state, this waits for a later call.
         """
         if self.stager is None and self.strategy.checkpoint_format == "dcp" and self.strategy.optimizer.state:
-            self.stager = DefaultStager(StagingOptions(False, False, False, False))
-            self.stager.stage(ModelOptimState(self.strategy.model, self.strategy.optimizer).state_dict())
+            cuda = torch.cuda.is_available() and self.strategy.device.type == "cuda"
+            self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                       use_async_staging=True, use_non_blocking_copy=cuda))
+            staged = self.stager.stage(ModelOptimState(self.strategy.model, self.strategy.optimizer).state_dict())
+            if isinstance(staged, Future):
+                staged.result()
+
+    def ready_for_update(self) -> None:
+        """Before anything writes the parameters or optimizer state: the in-flight save's copy must be done."""
+        if self.staging is not None:
+            start = time.perf_counter()
+            try:
+                self.staging.result()
+            finally:
+                self.staging = None
+                self.stall_s += time.perf_counter() - start
 
     def poll(self) -> None:
         """Non-blocking: finish the in-flight save if its files are all written."""
         if self.pending is not None and self.pending[1].done():
-            self.wait()
+            start = time.perf_counter()
+            self.wait()  # the marker and retention, on the training thread
+            self.stall_s += time.perf_counter() - start
 
     def wait(self) -> None:
         if self.pending is None:
             return
         step, future, path = self.pending
         self.pending = None
-        future.result()
+        try:
+            future.result()
+        finally:
+            self.staging = None  # the upload follows the copy: the copy is done (or failed with it)
         self._complete(step, path)
 
     def _complete(self, step: int, path: Path) -> None:

@@ -209,6 +209,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark,
                               prefetcher)
             watchdog.mark()
+            ckpt.ready_for_update()  # an asynchronous save's copy of the state, overlapping this step, is done
             grad_norm = strategy.optimizer_step()
             telemetry.end_step()
             state.step += 1

@@ -90,8 +90,9 @@ class MetricsLogger:
     def log(self, step: int, tokens: int, telemetry: dict[str, Any] | None = None, **values: float) -> dict[str, Any]:
         now = time.perf_counter()
         elapsed = max(now - self._last_time, 1e-9)
-        row = {"step": step, **values, "tokens_per_s": (tokens - self._last_tokens) / elapsed, "tokens": tokens,
-               **(telemetry or {})}
+        # `time` (epoch seconds, when the step's row is written): when a step completed, e.g. a resume's first one.
+        row = {"step": step, "time": time.time(), **values, "tokens_per_s": (tokens - self._last_tokens) / elapsed,
+               "tokens": tokens, **(telemetry or {})}
         self._last_time, self._last_tokens = now, tokens
         if not self.enabled:
             return row
@@ -140,6 +141,8 @@ def wandb_values(row: dict[str, Any]) -> dict[str, Any]:
     lists stay in metrics.jsonl (thousands of series would drown the dashboard)."""
     out: dict[str, Any] = {}
     for key, value in row.items():
+        if key == "time":
+            continue  # wandb stamps every row itself (_timestamp)
         if isinstance(value, int | float):
             out[key] = value
         elif key == "tokens_per_s_by_node":

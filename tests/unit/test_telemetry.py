@@ -144,7 +144,7 @@ def test_disabled_timer_records_nothing() -> None:
 
 
 def test_console_and_wandb_views_of_a_row() -> None:
-    row = {"step": 4, "loss": 2.0, "tokens_per_s": 100.0, "step_time_s": 0.05, "data_wait_share": 0.1,
+    row = {"step": 4, "time": 1.7e9, "loss": 2.0, "tokens_per_s": 100.0, "step_time_s": 0.05, "data_wait_share": 0.1,
            "tflops": 1.5, "mfu": 0.25, "peak_mem_gib": 2.0, "loss_scale": 1024.0,
            "tokens_per_s_by_node": {"n1": 60.0, "n2": 40.0}, "rank_work_s": [0.01, 0.03],
            "stragglers": [{"rank": 1, "host": "n2", "work_s": 0.03, "median_s": 0.02}]}
@@ -154,3 +154,4 @@ def test_console_and_wandb_views_of_a_row() -> None:
     w = wandb_values(row)
     assert w["tokens_per_s_by_node/n1"] == 60.0 and w["stragglers"] == 1 and w["mfu"] == 0.25
     assert "rank_work_s" not in w and "tokens_per_s_by_node" not in w
+    assert "time" not in w and w["step"] == 4  # wandb stamps its rows itself
