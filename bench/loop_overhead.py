@@ -1,5 +1,5 @@
 """What our training loop costs on top of the model's own work: median step time of train.loop.train against a
-bare PyTorch loop doing the same model work, measured in one run, one process.
+bare PyTorch loop doing the same model work, measured in one run: one process, and DDP on 2 ranks.
 
 The bare loop is what a user would write: the same model class built from the same config (train.build), one
 fixed micro batch already in memory (no data loading at all), forward, cross-entropy, backward with the same
@@ -11,6 +11,10 @@ steps (ours from metrics.jsonl's tokens/s, rank 0's clock from one log step to t
 (warm-up) dropped, the median over the intervals. Runs alternate in adjacent pairs (ours/bare, bare/ours, ...) so
 that a drift of the shared machine's speed cancels, and the ratio is the median over the pairs of ours / bare.
 
+DDP on 2 ranks (gloo, one thread each, spawned together): ours is train() with strategy=ddp on a world of 2; the
+bare loop wraps the same model in a default `DistributedDataParallel` (what a user writes) and feeds each rank a
+fixed micro batch of its own. The pairs alternate the same way; rank 0's clock times both.
+
 For `tiny` a third arm runs our loop with trainer.prefetch_steps=0 (data made on the training thread, as before
 background loading): the difference is what prefetching takes off the critical path. Targets (issue 13): at most
 1.10x for tiny, 1.03x for the >= 20M-parameter model.
@@ -18,6 +22,7 @@ background loading): the difference is what prefetching takes off the critical p
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -37,8 +42,9 @@ CASES: dict[str, dict[str, Any]] = {
                 "target": 1.03, "sync_arm": False},
 }
 # (steps per run, pairs) per case; quick: CI smoke, the same cases with fewer steps and pairs.
-FULL = {"tiny": (80, 5), "gpt_24m": (40, 3)}
+FULL = {"tiny": (80, 5), "gpt_24m": (30, 3)}
 QUICK = {"tiny": (40, 2), "gpt_24m": (30, 1)}
+DDP_WORLD = 2
 
 
 def _init_single_process() -> Any:
@@ -67,10 +73,12 @@ def ours(cfg: Any, env: Any, run_dir: Path) -> float:
     return statistics.median(step_times(run_dir / "metrics.jsonl", LOG_EVERY))
 
 
-def bare(cfg: Any, steps: int) -> float:
-    """Median wall time per step of a plain PyTorch loop over the same model work (s)."""
+def bare(cfg: Any, steps: int, rank: int = 0, world: int = 1) -> float:
+    """Median wall time per step of a plain PyTorch loop over the same model work (s); with world > 1 the model is
+    wrapped in a default DistributedDataParallel and each rank trains on a micro batch of its own."""
     import torch
     import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
 
     from train.build import build_model, logits_of
     from train.data import build_source, load_micro_batch
@@ -81,11 +89,14 @@ def bare(cfg: Any, steps: int) -> float:
     seed_everything(t.seed)
     model = build_model(cfg.model)
     optimizer = build_optimizer(model, cfg.optim)
-    inputs, targets = load_micro_batch(build_source(cfg.data, cfg.model.vocab_size), range(t.micro_batch_size))
+    wrapped = DistributedDataParallel(model) if world > 1 else model
+    micro = t.micro_batch_size
+    inputs, targets = load_micro_batch(build_source(cfg.data, cfg.model.vocab_size),
+                                       range(rank * micro, (rank + 1) * micro))
     intervals, start = [], time.perf_counter()
     for step in range(1, steps + 1):
         for _ in range(t.grad_accum_steps):
-            logits = logits_of(model(inputs))
+            logits = logits_of(wrapped(inputs))
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
             (loss / t.grad_accum_steps).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
@@ -137,6 +148,69 @@ def run_case(name: str, steps: int, pairs: int, env: Any, tmp: Path) -> dict[str
     return out
 
 
+def _ddp_worker(rank: int, world: int, port: int, out_dir: str, plan: dict[str, tuple[int, int]]) -> None:
+    """One of DDP_WORLD ranks: for each case, pairs of (ours, bare) in alternating order; rank 0 writes the times."""
+    import torch
+
+    from launcher.compose import compose_and_plan
+    from train import distributed
+    from train.loop import train
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local")
+    torch.set_num_threads(1)
+    env = distributed.detect()
+    distributed.init_process_group(env, "gloo")
+    times: dict[str, dict[str, list[float]]] = {}
+    try:
+        for name, (steps, pairs) in plan.items():
+            overrides = [*COMMON, *CASES[name]["overrides"], f"local.nproc={world}", "strategy=ddp",
+                         f"trainer.max_steps={steps}"]
+            cfg, _ = compose_and_plan(overrides)
+            times[name] = {"ours": [], "bare": []}
+            for pair in range(pairs):
+                for arm in (["ours", "bare"] if pair % 2 == 0 else ["bare", "ours"]):
+                    if arm == "bare":
+                        times[name][arm].append(bare(cfg, steps, rank, world))
+                    else:
+                        run_dir = Path(out_dir) / f"ddp_{name}_{pair}"
+                        if rank == 0:
+                            run_dir.mkdir(parents=True)
+                        torch.distributed.barrier()  # rank 0 made the run directory
+                        train(cfg, env, torch.device("cpu"), run_dir)
+                        if rank == 0:
+                            from bench.telemetry_overhead import step_times
+
+                            times[name][arm].append(statistics.median(step_times(run_dir / "metrics.jsonl",
+                                                                                 LOG_EVERY)))
+        if rank == 0:
+            (Path(out_dir) / "ddp_times.json").write_text(json.dumps(times))
+    finally:
+        distributed.destroy_process_group()
+
+
+def run_ddp(plan: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """Every case on DDP_WORLD ranks: ratio ours / bare DDP, the median over the adjacent pairs."""
+    import torch.multiprocessing as mp
+
+    from launcher.local import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_ddp_worker, args=(DDP_WORLD, free_port(), tmp, plan), nprocs=DDP_WORLD)
+        times = json.loads((Path(tmp) / "ddp_times.json").read_text())
+    out = {}
+    for name, t in times.items():
+        ratios = [a / b for a, b in zip(t["ours"], t["bare"], strict=True)]
+        ratio = statistics.median(ratios)
+        target = CASES[name]["target"]
+        out[name] = {"world_size": DDP_WORLD, "steps_per_run": plan[name][0], "pairs": plan[name][1],
+                     "step_ms_ours": round(statistics.median(t["ours"]) * 1000, 3),
+                     "step_ms_bare": round(statistics.median(t["bare"]) * 1000, 3),
+                     "ratio": round(ratio, 4), "pair_ratios": [round(r, 4) for r in ratios],
+                     "target_ratio": target, "target_met": ratio <= target}
+    return out
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     import torch
 
@@ -150,13 +224,14 @@ def run(quick: bool = False) -> dict[str, Any]:
             cases = {name: run_case(name, *plan[name], env, Path(tmp)) for name in CASES}
     finally:
         distributed.destroy_process_group()
+    ddp = run_ddp(plan)
     return {
         "benchmark": "loop_overhead", "torch": torch.__version__, "device": "cpu", "world_size": 1,
         "log_every": LOG_EVERY, "quick": quick, "cases": cases,
-        "ddp_2_ranks": {"skipped": "not measured yet: single process only"},
+        "ddp_2_ranks": ddp,
         # Issue 13 item 7 (gpt2_124m/350m, bf16, torch.compile, one GPU, against the bare loop) is not built yet.
         "gpu": {"skipped": "no CUDA" if not torch.cuda.is_available() else "not measured yet on this GPU"},
-        "target_met": all(c["target_met"] for c in cases.values()),
+        "target_met": all(c["target_met"] for c in [*cases.values(), *ddp.values()]),
         "command": COMMAND + (" --quick" if quick else ""),
     }
 
@@ -173,8 +248,14 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
                          "value": c["ratio_no_prefetch"], "baseline": "bare PyTorch loop, same model work",
                          "target": None, "met": None,
                          "detail": f"{c['step_ms_ours_no_prefetch']:.1f} ms: data on the training thread"})
-    rows.append({"figure": "loop overhead, ddp on 2 ranks", "value": None, "baseline": "bare PyTorch DDP loop",
-                 "skipped": r["ddp_2_ranks"]["skipped"]})
+    ddp = r["ddp_2_ranks"]
+    if "skipped" in ddp:  # results stored before the DDP arm existed
+        rows.append({"figure": "loop overhead, ddp on 2 ranks", "value": None, "baseline": "bare PyTorch DDP loop",
+                     "skipped": ddp["skipped"]})
+    for name, c in ({} if "skipped" in ddp else ddp).items():
+        rows.append({"figure": f"loop overhead, {name}, ddp on {c['world_size']} ranks", "value": c["ratio"],
+                     "baseline": "bare PyTorch DDP loop, same model work", "target": f"<= {c['target_ratio']}x",
+                     "met": c["target_met"], "detail": f"{c['step_ms_ours']:.1f} ms vs {c['step_ms_bare']:.1f} ms"})
     rows.append({"figure": "GPU: gpt2_124m/350m bf16 compiled, tokens/s", "value": None,
                  "baseline": "bare PyTorch loop on the same GPU", "target": ">= 0.97", "skipped": r["gpu"]["skipped"]})
     return rows
@@ -189,4 +270,9 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"  {name} ({c['params_m']}M params): {c['step_ms_ours']:.2f} ms vs {c['step_ms_bare']:.2f} ms "
                      f"= {c['ratio']:.3f}x (pairs {min(c['pair_ratios']):.3f}-{max(c['pair_ratios']):.3f}; target <= "
                      f"{c['target_ratio']}x: {verdict}){extra}")
+    for name, c in r["ddp_2_ranks"].items() if "skipped" not in r["ddp_2_ranks"] else ():
+        verdict = "met" if c["target_met"] else "MISSED"
+        lines.append(f"  {name}, ddp on {c['world_size']} ranks: {c['step_ms_ours']:.2f} ms vs {c['step_ms_bare']:.2f} "
+                     f"ms = {c['ratio']:.3f}x (pairs {min(c['pair_ratios']):.3f}-{max(c['pair_ratios']):.3f}; target "
+                     f"<= {c['target_ratio']}x: {verdict})")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import typing
 from typing import Any
@@ -41,18 +42,26 @@ def _section_type(hint: Any) -> type | None:
     return None
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    # Cached: evaluating the string annotations costs milliseconds per class, and a sweep checks every point.
     return typing.get_type_hints(cls, vars(schema))
 
 
+def _keys(node: DictConfig) -> set[str]:
+    # Not `key in node`: that resolves the value's interpolations, thousands of times over a sweep's points.
+    return set(map(str, node.keys()))
+
+
 def _missing(node: DictConfig, cls: type, prefix: str) -> None:
+    hints, present = _hints(cls), _keys(node)
     for f in dataclasses.fields(cls):
         name = f"{prefix}{f.name}"
-        optional = type(None) in typing.get_args(_hints(cls)[f.name])
-        if f.name not in node and not optional:
-            fix = f"choose one with {name}=NAME" if _section_type(_hints(cls)[f.name]) else f"set {name}=VALUE"
+        optional = type(None) in typing.get_args(hints[f.name])
+        if f.name not in present and not optional:
+            fix = f"choose one with {name}=NAME" if _section_type(hints[f.name]) else f"set {name}=VALUE"
             raise ConfigError(f"{name} is required and was removed (~{name}): {fix}")
-        if f.name in node and OmegaConf.is_missing(node, f.name):
+        if f.name in present and OmegaConf.is_missing(node, f.name):
             raise ConfigError(f"{name} has no value: set {name}=VALUE")
 
 
@@ -100,9 +109,9 @@ def _check_value(name: str, value: Any, bounds: tuple[Any, ...]) -> None:
 
 
 def _ranges(node: DictConfig, cls: type, prefix: str) -> None:
-    hints = _hints(cls)
+    hints, present = _hints(cls), _keys(node)
     for f in dataclasses.fields(cls):
-        if f.name not in node:
+        if f.name not in present:
             continue
         name = f"{prefix}{f.name}"
         value = node._get_node(f.name)  # type: ignore[union-attr]

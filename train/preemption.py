@@ -37,6 +37,7 @@ class RequeueLimitReached(RuntimeError):
 class StopOutcome:
     exit_code: int
     requeue_job: str | None  # rank 0 runs `scontrol requeue` for it after cleaning up
+    stopped: bool = False  # checkpointed and stopped before max_steps (exit 0 under SLURM's SIGTERM, no requeue)
 
 
 class PreemptionWatcher:
@@ -79,13 +80,13 @@ def after_stop(env: DistEnv, cfg: Any, step: int, agreed: int = REQUEUE, run_dir
     if env.launcher != "slurm" or job_id is None:
         if env.is_main:
             log.info("stopped at step %d with a complete checkpoint; run the same command to resume", step)
-        return StopOutcome(EXIT_STOPPED, None)
+        return StopOutcome(EXIT_STOPPED, None, stopped=True)
     if agreed != REQUEUE:
         if env.is_main:
             log.info("got SIG%s: checkpointed at step %d; not requeueing (SLURM requeues a preempted job itself "
                      "when PreemptMode=REQUEUE; the same command resumes otherwise)", signal.Signals.SIGTERM.name[3:],
                      step)
-        return StopOutcome(0, None)
+        return StopOutcome(0, None, stopped=True)
     restarts = preemption_requeues(job_id, run_dir)
     # Jobs from sbatch/ scripts have no cluster section: the schema's default limit applies.
     limit = cfg.cluster.max_requeues if cfg.cluster is not None else ClusterConfig.max_requeues

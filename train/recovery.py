@@ -92,9 +92,7 @@ def exclusion(cfg: Any, job: str, host: str | None) -> list[str]:
 
 def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> None:
     """Rank 0, after an attempt that ended on its own terms: finished, or stopped by a signal."""
-    from launcher.errors import EXIT_STOPPED
-
-    kind = "preempted" if outcome.requeue_job else "stopped" if outcome.exit_code == EXIT_STOPPED else "finished"
+    kind = "preempted" if outcome.requeue_job else "stopped" if outcome.stopped else "finished"
     record_event(run_dir, kind, attempt=attempt(), job=slurm_job_id(), host=node_name(), step=step,
                  steps_lost=0, started=started, ended=time.time())
 

@@ -65,7 +65,21 @@ def test_rank_0_requeues_jobs_from_sbatch_scripts_with_the_default_limit(monkeyp
 def test_sigterm_saves_but_does_not_requeue(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     rank0 = DistEnv(0, 0, 2, 1, "n1", 1, "slurm", "n1")
-    assert after_stop(rank0, OmegaConf.create({"cluster": {"max_requeues": 3}}), 5, agreed=STOP) == StopOutcome(0, None)
+    outcome = after_stop(rank0, OmegaConf.create({"cluster": {"max_requeues": 3}}), 5, agreed=STOP)
+    assert outcome == StopOutcome(0, None, stopped=True)  # exit 0 for SLURM, but not a finished run
+
+
+def test_an_attempt_stopped_by_sigterm_is_recorded_as_stopped(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    from launcher.events import read_events
+    from train.recovery import end_of_attempt
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    rank0 = DistEnv(0, 0, 2, 1, "n1", 1, "slurm", "n1")
+    outcome = after_stop(rank0, OmegaConf.create({"cluster": {"max_requeues": 3}}), 5, agreed=STOP)
+    end_of_attempt(tmp_path, outcome, 5, started=0.0)
+    end_of_attempt(tmp_path, StopOutcome(0, None), 9, started=0.0)  # reached max_steps
+    assert [(e["kind"], e["step"]) for e in read_events(tmp_path)] == [("stopped", 5), ("finished", 9)]
 
 
 def test_array_tasks_requeue_alone(monkeypatch: pytest.MonkeyPatch) -> None:
