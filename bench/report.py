@@ -87,8 +87,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     colors = ["tab:red" if r["met"] is False else "tab:green" if r["met"] else "tab:gray" for r in measured]
     ax.barh(range(len(measured)), [r["value"] for r in measured], color=colors)
     for i, r in enumerate(measured):
-        target = _target_value(r["target"])
-        if target is not None:
+        for target in _target_values(r["target"]):
             ax.plot([target, target], [i - 0.4, i + 0.4], color="black", linewidth=2)
     ax.axvline(1.0, color="gray", linestyle=":", linewidth=1)
     ax.set_yticks(range(len(measured)), labels, fontsize=8)
@@ -105,14 +104,14 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _target_value(target: str | None) -> float | None:
-    """'<= 1.1x' -> 1.1 (the chart's tick); None for no target."""
+def _target_values(target: str | None) -> list[float]:
+    """The chart's ticks: '<= 1.1x' -> [1.1], a band '0.95-1.05' -> [0.95, 1.05], no target -> []."""
     if not target:
-        return None
+        return []
     try:
-        return float(target.lstrip("<>= ").rstrip("x"))
+        return [float(bound) for bound in target.lstrip("<>= ").rstrip("x").split("-")]
     except ValueError:
-        return None
+        return []
 
 
 def _iso(moment: datetime) -> str:

@@ -22,7 +22,19 @@ RESULTS = {
                         "target_met": True, "step_ms_ours": 505.0, "step_ms_bare": 500.0},
         },
     },
-    "memory_estimate": {"skipped": "no CUDA", "target_met": True, "command": "python -m bench memory_estimate"},
+    "memory_estimate": {
+        "benchmark": "memory_estimate", "quick": True, "command": "python -m bench memory_estimate --quick",
+        "target_met": True, "world_size": 2, "config": ["local.nproc=2"], "seconds": 30.0,
+        "rows": [
+            {"run": "zero2", "strategy": "zero2", "precision": "fp32", "activation_checkpointing": False,
+             "component": "states", "estimated_bytes": 26727936.0, "measured_bytes_per_rank": [26984704, 26734848],
+             "ratio": 0.9905, "tolerance": 0.05, "target_met": True},
+            {"run": "ddp bf16 checkpointing", "strategy": "ddp", "precision": "bf16", "activation_checkpointing": True,
+             "component": "activations", "estimated_bytes": 583936.0, "measured_bytes_per_rank": [601344, 601344],
+             "ratio": 0.9711, "tolerance": None, "target_met": None},
+        ],
+        "cuda": {"skipped": "no CUDA"},
+    },
     "submit_latency": {"skipped": "no local SLURM cluster (make slurm-up)", "target_met": True},
 }
 
@@ -37,7 +49,11 @@ def test_report_writes_json_markdown_and_a_png_chart(tmp_path: Path) -> None:
     assert tiny["command"] == "python -m bench loop_overhead --quick"
     stall = rows[("checkpoint_stall", "async checkpoint stall")]
     assert stall["value"] == 0.0252 and stall["met"] is True
-    assert rows[("memory_estimate", "memory_estimate")]["skipped"] == "no CUDA"
+    states = rows[("memory_estimate", "zero2 fp32: params + grads + optimizer state")]
+    assert states["value"] == 0.9905 and states["met"] is True and states["target"] == "0.95-1.05"
+    activations = rows[("memory_estimate", "ddp bf16: activations, checkpointed")]
+    assert activations["value"] == 0.9711 and activations["met"] is None and activations["target"] is None
+    assert rows[("memory_estimate", "memory estimate vs CUDA peak, gpt2_124m/350m on one GPU")]["skipped"] == "no CUDA"
     assert rows[("submit_latency", "submit_latency")]["command"] == "python -m bench submit_latency"
     md = paths[1].read_text()
     assert "| checkpoint_stall | async checkpoint stall | 0.025 |" in md

@@ -39,28 +39,19 @@ def test_mixed_precision_adam_bytes_per_parameter_match_the_zero_paper(world: in
 def _saved_activation_bytes(overrides: list[str]) -> tuple[int, float]:
     """Bytes autograd saves for backward in one forward (parameters excluded), and the estimate."""
     from train.blocks import prepare_blocks
+    from train.memory import saved_tensor_bytes
     from train.model import build_model
 
     cfg = compose_config(overrides)
     torch.manual_seed(0)
     model = build_model(cfg.model)
     prepare_blocks(model, cfg.model, cfg.strategy)
-    owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in owned:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
     b, t = cfg.trainer.micro_batch_size, cfg.data.seq_len
     x = torch.randint(0, cfg.model.vocab_size, (b, t))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        F.cross_entropy(model(x).float().flatten(0, 1), x.flatten())
+    saved = saved_tensor_bytes(lambda: F.cross_entropy(model(x).float().flatten(0, 1), x.flatten()), owned_by=model)
     m = cfg.model
     per_layer = FP32 * m.d_model if cfg.strategy.activation_checkpointing else block_activation_bytes(m, FP32)
-    return sum(saved.values()), b * t * (m.n_layers * per_layer + head_activation_bytes(m))
+    return saved, b * t * (m.n_layers * per_layer + head_activation_bytes(m))
 
 
 @pytest.mark.parametrize("ac", [False, True])
