@@ -156,13 +156,22 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def all_reduce_max(value: int, device: torch.device) -> int:
-    """The largest value any rank holds, on every rank (one tiny all-reduce)."""
+def all_reduce_max(value: int, device: torch.device, group: Any = None) -> int:
+    """The largest value any rank holds, on every rank (one tiny all-reduce; on `group` if given)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return value
     t = torch.tensor([value], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return int(t.item())
+
+
+def cpu_group() -> Any:
+    """A group for small CPU-side agreements: the default one when it is gloo, else a new gloo group, so that
+    agreeing never touches the accelerator (no device sync). Collective: every rank calls it, in the same order.
+    None when there is nothing to agree with."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
 
 
 def gather_hosts(env: DistEnv) -> list[str]:

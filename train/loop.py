@@ -219,7 +219,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps):
                 logged = losses[state.step] = float(all_reduce_mean(loss))
                 metrics.log(state.step, state.tokens, telemetry.collect(state.step, strategy), loss=logged, lr=lr,
-                            grad_norm=grad_norm)
+                            grad_norm=float(grad_norm))
             metrics.tick(state.step, logged)
             stop = state.step < t.max_steps and watcher.stop_requested(state.step)
             watchdog.step_finished(state.step)

@@ -19,7 +19,7 @@ import torch
 
 from launcher.errors import EXIT_STOPPED
 from launcher.schema import ClusterConfig
-from train.distributed import DistEnv, all_reduce_max
+from train.distributed import DistEnv, all_reduce_max, cpu_group
 from train.metrics import log
 from train.signals import StopFlag
 
@@ -43,6 +43,9 @@ class StopOutcome:
 class PreemptionWatcher:
     def __init__(self, env: DistEnv, device: torch.device, flag: StopFlag) -> None:
         self.env, self.device, self.flag = env, device, flag
+        # The per-step agreement is a CPU all-reduce (gloo): on a GPU it would otherwise wait for the device at
+        # every step, and nothing but a log step should.
+        self.group = cpu_group()
         spec = os.environ.get(TEST_SIGNAL_ENV)
         self._test_trigger = tuple(int(x) for x in spec.split(":")) if spec else None
         self.agreed = NOTHING
@@ -52,7 +55,7 @@ class PreemptionWatcher:
         if self._test_trigger == (step, self.env.rank):
             os.kill(os.getpid(), self.flag.preempt)
         local = REQUEUE if self.flag.wants_requeue else STOP if self.flag.received is not None else NOTHING
-        self.agreed = all_reduce_max(local, self.device)
+        self.agreed = all_reduce_max(local, torch.device("cpu"), self.group)
         return self.agreed != NOTHING
 
 

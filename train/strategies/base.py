@@ -107,7 +107,9 @@ class Strategy:
             loss = self.scaler.scale(loss)
         loss.backward()
 
-    def clip_gradients(self, max_norm: float) -> float:
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """Clips in place; returns the global norm as a tensor: reading it (float) waits for the device, which
+        the loop does only at log steps."""
         assert self.model is not None
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.layout is not None:
@@ -116,10 +118,11 @@ class Strategy:
             return clip_grad_norm(params, max_norm, self.layout)
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         # FSDP returns a DTensor holding the global norm.
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
-    def optimizer_step(self) -> float:
-        """Unscale, clip, step, schedule, zero; returns the gradient norm before clipping."""
+    def optimizer_step(self) -> torch.Tensor | float:
+        """Unscale, clip, step, schedule, zero; returns the gradient norm before clipping (a tensor: no host
+        sync)."""
         assert self.model is not None and self.optimizer is not None and self.scheduler is not None
         clip = self.grad_clip
         if self.scaler is not None:

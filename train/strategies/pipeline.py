@@ -65,7 +65,7 @@ def chunks(model: Any, layout: Any, virtual: int) -> list[nn.Module]:
     return [Chunk(model, stage_layers(n_layers, total, s)) for s in rank_stages(layout.pp_rank, layout.pp, virtual)]
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, layout: Any) -> float:
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, layout: Any) -> torch.Tensor:
     """The global gradient norm (over tensor and data-parallel shards, and over every pipeline stage's
     parameters), then every gradient scaled by max_norm / norm when that is below 1."""
     grads = [p.grad for p in params if p.grad is not None]
@@ -79,7 +79,7 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, layout: Any) -> 
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for g in grads:
         g.mul_(coefficient.item() if isinstance(g, DTensor) else coefficient.to(g.device))
-    return float(norm)
+    return norm
 
 
 class Pipeline:
