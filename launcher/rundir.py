@@ -10,8 +10,11 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import OmegaConfDumper
 
 from launcher.errors import ConfigError
 from launcher.plan import Plan, derived_run_name
@@ -89,6 +92,20 @@ def write_plan(run_dir: Path, plan: Plan) -> None:
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
 
 
+class _ConfigDumper(getattr(yaml, "CDumper", yaml.Dumper)):  # type: ignore[misc]
+    """OmegaConf.to_yaml's dumper (strings that would read back as numbers or booleans are quoted) on libyaml's
+    emitter: a sweep writes one config per point, and the pure-Python emitter took most of that time."""
+
+
+_ConfigDumper.add_representer(str, OmegaConfDumper.str_representer)
+
+
+def config_yaml(container: dict[str, Any]) -> str:
+    """What OmegaConf.to_yaml writes for this resolved config, without building a config object."""
+    return str(yaml.dump(container, Dumper=_ConfigDumper, default_flow_style=False, allow_unicode=True,
+                         sort_keys=False))
+
+
 def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None, plan: Plan | None = None) -> Path:
     if cfg.run.overwrite:
         clear_for_overwrite(run_dir)
@@ -101,9 +118,9 @@ def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None, plan:
     config_path = run_dir / "config.yaml"
     # run.resume=false and run.overwrite=true are one-time choices made at launch and applied just above; the
     # config a requeued job re-reads must resume, never start over or delete what the first attempt saved.
-    saved = cfg.copy()
-    saved.run.resume, saved.run.overwrite = True, False
-    config_path.write_text(OmegaConf.to_yaml(saved, resolve=True))
+    saved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[assignment]
+    saved["run"].update(resume=True, overwrite=False)
+    config_path.write_text(config_yaml(saved))
     argv = sys.argv if argv is None else argv
     command = shlex.join([sys.executable, "-m", "launcher", *argv[1:]])
     with (run_dir / "command.txt").open("a") as f:
