@@ -42,7 +42,7 @@ CASES: dict[str, dict[str, Any]] = {
                 "target": 1.03, "sync_arm": False},
 }
 # (steps per run, pairs) per case; quick: CI smoke, the same cases with fewer steps and pairs.
-FULL = {"tiny": (80, 5), "gpt_24m": (30, 3)}
+FULL = {"tiny": (100, 6), "gpt_24m": (30, 3)}
 QUICK = {"tiny": (40, 2), "gpt_24m": (30, 1)}
 DDP_WORLD = 2
 
