@@ -55,18 +55,19 @@ def run(quick: bool = False) -> dict[str, Any]:
         state.step += 1
         state.samples += cfg.trainer.micro_batch_size
 
-    def window(save: bool) -> tuple[float, float, bool]:
-        """WINDOW_STEPS steps, an async save started before the first; (wall, blocking, finished in window)."""
-        t0, stalled = time.perf_counter(), ckpt.stall_s
+    def window(save: bool) -> tuple[float, dict[str, float], bool]:
+        """WINDOW_STEPS steps, an async save started before the first; (wall, blocked by where, finished)."""
+        t0, stalled = time.perf_counter(), dict(ckpt.stalls)
         if save:
             ckpt.save(state, blocking=False)
         for _ in range(WINDOW_STEPS):
             step()
             ckpt.poll()
         finished = ckpt.pending is None
-        wall, blocking = time.perf_counter() - t0, ckpt.stall_s - stalled
+        wall = time.perf_counter() - t0
+        blocked = {where: ckpt.stalls[where] - stalled[where] for where in stalled}
         ckpt.wait()
-        return wall, blocking, finished
+        return wall, blocked, finished
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = CheckpointManager(cfg, env, Path(tmp), strategy)
@@ -74,15 +75,16 @@ def run(quick: bool = False) -> dict[str, Any]:
             step()  # warm-up; the optimizer state exists from here on
         ckpt.prepare_async()  # as train() does before its first step
         state_bytes = sum(p.numel() * p.element_size() * 3 for p in model.parameters())
-        sync_s, blocking_s, slowdown_s, finished = [], [], [], []
+        sync_s, blocking_s, slowdown_s, finished, by_where = [], [], [], [], []
         for _ in range(1 if quick else REPEATS):
             t0 = time.perf_counter()
             ckpt.save(state, blocking=True)
             sync_s.append(time.perf_counter() - t0)
             step()
-            with_save, blocking, done = window(save=True)
+            with_save, blocked, done = window(save=True)
             without, _, _ = window(save=False)
-            blocking_s.append(blocking)
+            blocking_s.append(sum(blocked.values()))
+            by_where.append({where: round(x, 4) for where, x in blocked.items()})
             slowdown_s.append(with_save - without)
             finished.append(done)
         ckpt.close()
@@ -107,6 +109,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "command": "python -m bench checkpoint_stall",
         "sync_save_s_all": [round(x, 4) for x in sync_s],
         "async_stall_s_all": [round(x, 4) for x in blocking_s],
+        "async_stall_by_where_s": by_where,  # save: the call; staging: before the optimizer step; finish: marker
     }
 
 

@@ -8,8 +8,8 @@ the end is synchronous. Rank 0 writes the COMPLETE marker only once the DCP save
 An asynchronous save blocks training for as little as it can: the copy of the state into the staging buffers (the
 bulk of a save's time on the training thread) runs in a background thread too, overlapping the next step's
 forward and backward, which only read the parameters. The loop calls `ready_for_update()` before the optimizer
-step, the first thing that writes them, and waits there if the copy is not finished. `stall_s` counts what
-training waited, in save() and there.
+step, the first thing that writes them, and waits there if the copy is not finished. `stalls` counts what
+training waited, in save(), there and when finishing a save.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import random
 import signal
 import time
 import warnings
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -94,10 +94,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_durably(obj: Any, path: Path) -> None:
+def _serialized(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    layout.write_durably(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def _write_files(files: dict[Path, bytes]) -> None:
+    for path, data in files.items():
+        layout.write_durably(path, data)
 
 
 class CheckpointManager:
@@ -114,7 +119,12 @@ class CheckpointManager:
         # One stager for the whole run: it keeps its CPU staging buffers (pinned on CUDA), so only the first async
         # save pays for allocating them; later ones are a plain copy, made by the stager's own thread.
         self.stager: DefaultStager | None = None
-        self.stall_s = 0.0  # seconds training waited on checkpointing: save() and ready_for_update()
+        # Small files of async saves and retention's deletions, off the training thread, in order.
+        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurmtrain-ckpt-io")
+        self._config_yaml = OmegaConf.to_yaml(cfg, resolve=True).encode()  # the same for every save of the run
+        # Seconds training waited on checkpointing, by where: the save call, the staging copy before an optimizer
+        # step, finishing a save that a later step found written (marker, retention).
+        self.stalls = {"save": 0.0, "staging": 0.0, "finish": 0.0}
 
     # -- saving --------------------------------------------------------------------------------------------
     def save(self, state: Any, *, blocking: bool) -> None:
@@ -122,7 +132,7 @@ class CheckpointManager:
         try:
             self._save(state, blocking=blocking)
         finally:
-            self.stall_s += time.perf_counter() - start
+            self.stalls["save"] += time.perf_counter() - start
 
     def _save(self, state: Any, *, blocking: bool) -> None:
         if state.step == self.last_saved_step:
@@ -136,15 +146,11 @@ class CheckpointManager:
             path.mkdir(parents=True)
         self._barrier()
         path.mkdir(parents=True, exist_ok=True)  # on a shared filesystem another node may not see it yet
-        _save_durably(rng_state(), path / f"rng_rank{self.env.rank}.pt")
-        if self.env.is_main:
-            trainer_state = {**asdict(state), "scheduler": self.strategy.scheduler.state_dict(),
-                             "scaler": self.strategy.scaler_state_dict(), "world_size": self.env.world_size}
-            _save_durably(trainer_state, path / "trainer_state.pt")
-            layout.write_durably(path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True).encode())
-            ds_config = getattr(self.strategy, "ds_config", None)
-            if ds_config is not None:
-                layout.write_durably(path / "ds_config.json", (json.dumps(ds_config, indent=2) + "\n").encode())
+        files = self._small_files(state, path)  # their contents now; an async save writes them in the background
+        in_background = not blocking and self.cfg.checkpoint.async_save and self.strategy.checkpoint_format == "dcp"
+        written = self.io.submit(_write_files, files) if in_background else None
+        if written is None:
+            _write_files(files)
         self.last_saved_step = state.step
         if self.strategy.checkpoint_format == "deepspeed":
             # DeepSpeed's own (collective, synchronous) save of its partitioned model and optimizer state.
@@ -167,14 +173,37 @@ class CheckpointManager:
             else:
                 self.staging, future = response.staging_completion, response.upload_completion
             rank = self.env.rank
+            finished: Future[None] = Future()
 
             def hash_own_files(done: Future[Any], step_path: Path = path) -> None:
-                if done.exception() is None:
+                try:
+                    done.result()
+                    assert written is not None
+                    written.result()  # the RNG and trainer state files, before the piece that lists them
                     manifest.write_piece(step_path, rank)
+                except BaseException as err:  # noqa: BLE001 - handed to wait(), raised on the training thread
+                    finished.set_exception(err)
+                else:
+                    finished.set_result(None)
 
-            # Hash this rank's files in the background once they are written; rank 0 waits for every piece.
+            # Hash this rank's files in the background once they are written (checksumming the shards takes about
+            # as long as writing them); the save counts as done once its piece is there, and rank 0 finishes it
+            # (the marker) once every rank's piece is (poll).
             future.add_done_callback(hash_own_files)  # type: ignore[union-attr]
-            self.pending = (state.step, future, path)  # type: ignore[assignment]
+            self.pending = (state.step, finished, path)
+
+    def _small_files(self, state: Any, path: Path) -> dict[Path, bytes]:
+        """This rank's RNG state; on rank 0 the trainer state, the config (and DeepSpeed's config)."""
+        files = {path / f"rng_rank{self.env.rank}.pt": _serialized(rng_state())}
+        if self.env.is_main:
+            trainer_state = {**asdict(state), "scheduler": self.strategy.scheduler.state_dict(),
+                             "scaler": self.strategy.scaler_state_dict(), "world_size": self.env.world_size}
+            files[path / "trainer_state.pt"] = _serialized(trainer_state)
+            files[path / "config.yaml"] = self._config_yaml
+            ds_config = getattr(self.strategy, "ds_config", None)
+            if ds_config is not None:
+                files[path / "ds_config.json"] = (json.dumps(ds_config, indent=2) + "\n").encode()
+        return files
 
     def prepare_async(self) -> None:
         """Allocate the staging buffers now (one CPU copy of this rank's state), not during the first save.
@@ -198,14 +227,22 @@ class CheckpointManager:
                 self.staging.result()
             finally:
                 self.staging = None
-                self.stall_s += time.perf_counter() - start
+                self.stalls["staging"] += time.perf_counter() - start
 
     def poll(self) -> None:
         """Non-blocking: finish the in-flight save if its files are all written."""
-        if self.pending is not None and self.pending[1].done():
+        if self.pending is not None and self.pending[1].done() and self._pieces_written(self.pending[2]):
             start = time.perf_counter()
             self.wait()  # the marker and retention, on the training thread
-            self.stall_s += time.perf_counter() - start
+            self.stalls["finish"] += time.perf_counter() - start
+
+    def _pieces_written(self, path: Path) -> bool:
+        """Rank 0 finishes a save once every rank has written its manifest piece (the others: at once)."""
+        return not self.env.is_main or not manifest.missing_pieces(path, self.env.world_size)
+
+    @property
+    def stall_s(self) -> float:
+        return sum(self.stalls.values())
 
     def wait(self) -> None:
         if self.pending is None:
@@ -233,13 +270,15 @@ class CheckpointManager:
             os.kill(os.getpid(), signal.SIGKILL)
         layout.write_marker(path, step=step, world_size=self.env.world_size)
         log.info("checkpoint step %d complete: %s", step, path)
-        for doomed in layout.to_delete(layout.list_checkpoints(self.run_dir), self.cfg.checkpoint.keep_last,
-                                       self.cfg.checkpoint.keep_every):
-            layout.remove(doomed)
+        doomed = layout.to_delete(layout.list_checkpoints(self.run_dir), self.cfg.checkpoint.keep_last,
+                                  self.cfg.checkpoint.keep_every)
+        if doomed:  # deleting gigabytes takes a while: in the background (each drops its marker first)
+            self.io.submit(lambda: [layout.remove(d) for d in doomed])
 
     def close(self) -> None:
-        """Finish any save in flight and free the staging buffers."""
+        """Finish any save in flight, and the file writes and deletions behind it; free the staging buffers."""
         self.wait()
+        self.io.submit(lambda: None).result()  # one worker, first in first out: everything before is done
         if self.stager is not None:
             self.stager.close()
             self.stager = None

@@ -63,11 +63,16 @@ def write_piece(step_path: Path, rank: int) -> None:
     tmp.rename(folder / f"rank{rank}.json")  # never seen half-written
 
 
+def missing_pieces(step_path: Path, world_size: int) -> list[int]:
+    """Ranks whose piece is not written yet."""
+    return [r for r in range(world_size) if not (step_path / MANIFEST_DIR / f"rank{r}.json").is_file()]
+
+
 def wait_for_pieces(step_path: Path, world_size: int, timeout_s: float) -> list[int]:
     """Ranks whose piece is still missing after the timeout (empty: all there)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        missing = [r for r in range(world_size) if not (step_path / MANIFEST_DIR / f"rank{r}.json").is_file()]
+        missing = missing_pieces(step_path, world_size)
         if not missing or time.monotonic() > deadline:
             return missing
         time.sleep(0.05)

@@ -69,3 +69,22 @@ def test_stored_results_are_read_back_without_the_report_itself(tmp_path: Path) 
     loaded = load_results(tmp_path)
     assert sorted(loaded) == sorted(RESULTS)
     assert all("measured_at" in r for r in loaded.values())
+
+
+def test_gpu_and_ddp_loop_figures_become_rows_with_their_targets() -> None:
+    from bench.loop_overhead import figures
+
+    result = {**RESULTS["loop_overhead"],
+              "ddp_2_ranks": {"tiny": {"world_size": 2, "ratio": 1.12, "target_ratio": 1.1, "target_met": False,
+                                       "step_ms_ours": 39.0, "step_ms_bare": 34.8}},
+              "gpu": {"device": "NVIDIA H100 80GB HBM3", "peak_bf16_tflops": 989.4,
+                      "gpt2_124m": {"ratio": 0.985, "target_ratio": 0.97, "target_met": True,
+                                    "tokens_per_s_ours": 98500.0, "tokens_per_s_bare": 100000.0,
+                                    "mfu_ours": 0.4, "mfu_bare": 0.406}}}
+    rows = {r["figure"]: r for r in figures(result)}
+    ddp = rows["loop overhead, tiny, ddp on 2 ranks"]
+    assert ddp["value"] == 1.12 and ddp["met"] is False and ddp["target"] == "<= 1.1x"
+    gpu = rows["GPU tokens/s, gpt2_124m bf16 compiled (NVIDIA H100 80GB HBM3)"]
+    assert gpu["value"] == 0.985 and gpu["met"] is True and gpu["target"] == ">= 0.97"
+    assert "MFU 40.0% vs 40.6%" in gpu["detail"]
+    assert not any(r.get("skipped") for r in rows.values())  # nothing reported as skipped once measured
