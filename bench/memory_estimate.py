@@ -124,7 +124,7 @@ def run_cuda(quick: bool = False) -> dict[str, Any]:
     import torch
 
     if not torch.cuda.is_available():
-        return {"skipped": "no CUDA"}
+        return last_cuda_measurement(quick) or {"skipped": "no CUDA"}
     from launcher.compose import compose_and_plan
     from train import distributed
     from train.data import build_source
@@ -194,6 +194,23 @@ def _cpu_figure(x: dict[str, Any]) -> dict[str, Any]:
             "detail": f"{x['estimated_bytes'] / 2**20:.2f} MiB vs {measured} MiB (rank 0/1)"}
 
 
+def last_cuda_measurement(quick: bool) -> dict[str, Any] | None:
+    """The GPU rows stored by the last run that had CUDA, so that a CPU-only `make bench` does not erase them;
+    marked `kept` with when and where they were measured."""
+    from bench.__main__ import RESULTS
+
+    path = (RESULTS / "quick" if quick else RESULTS) / "memory_estimate.json"
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    cuda = stored.get("cuda", stored)  # stored before the CPU part existed: the CUDA result alone
+    if not isinstance(cuda, dict) or "rows" not in cuda or "device" not in cuda:
+        return None
+    when = cuda.get("measured_at") or stored.get("measured_at") or "earlier"
+    return {**cuda, "measured_at": when, "kept": f"measured {str(when)[:10]} on {cuda['device']}; this run had no CUDA"}
+
+
 def _cuda_figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     if "skipped" in r:
         return [{"figure": "memory estimate vs CUDA peak, gpt2_124m/350m on one GPU", "value": None,
@@ -201,7 +218,8 @@ def _cuda_figures(r: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"figure": f"memory estimate, {x['model']} {x['precision']}"
                        f"{' activation checkpointing' if x['activation_checkpointing'] else ''}",
              "value": round(x["ratio"], 4), "baseline": f"torch.cuda.max_memory_allocated ({r['device']})",
-             "target": None, "met": None, "detail": f"{x['estimated_gb']:.2f} GB vs {x['measured_gb']:.2f} GB"}
+             "target": None, "met": None, "detail": f"{x['estimated_gb']:.2f} GB vs {x['measured_gb']:.2f} GB"
+                                                     + (f" ({r['kept']})" if "kept" in r else "")}
             for x in r["rows"]]
 
 
@@ -214,7 +232,8 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
 def _cuda_report(r: dict[str, Any]) -> list[str]:
     if "skipped" in r:
         return [f"memory estimate vs CUDA peak: skipped ({r['skipped']})"]
-    lines = [f"memory estimate vs torch.cuda.max_memory_allocated on {r['device']}:"]
+    kept = f" ({r['kept']})" if "kept" in r else ""
+    lines = [f"memory estimate vs torch.cuda.max_memory_allocated on {r['device']}{kept}:"]
     for x in r["rows"]:
         lines.append(f"  {x['model']} {x['precision']} ac={x['activation_checkpointing']}: estimate "
                      f"{x['estimated_gb']:.2f} GB, measured {x['measured_gb']:.2f} GB, ratio {x['ratio']:.2f}")
