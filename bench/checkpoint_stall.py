@@ -128,3 +128,20 @@ def report(r: dict[str, Any]) -> str:
             f"On this CPU-only machine the background write also slowed the {r['window_steps']} steps it overlapped "
             f"by {r['background_write_slowdown_s']:.3f} s ({r['background_write_slowdown_ratio']:.1%} of a "
             f"synchronous save)")
+
+
+def notes(r: dict[str, Any]) -> str:
+    """REPORT.md's section: where the stall goes."""
+    if "async_stall_by_where_s" not in r:
+        return ""
+    lines = ["Where training waited, per repetition (seconds): `save` is the call (state dict, RNG and trainer "
+             "state serialised, the copy into staging buffers handed to its thread), `staging` the wait for that "
+             "copy before the next optimizer step, `finish` the marker when a later step finds the save written.",
+             "", "| repetition | save | staging | finish |", "| --- | --- | --- | --- |"]
+    lines += [f"| {i + 1} | {x['save']:.3f} | {x['staging']:.3f} | {x['finish']:.3f} |"
+              for i, x in enumerate(r["async_stall_by_where_s"])]
+    lines += ["", "On a CPU-only machine the staging copy (torch storage copies) holds the GIL, so the save call "
+              "waits for most of it although it runs on another thread; on a GPU it is a non-blocking copy to "
+              "pinned memory on a side stream. Checksums, the small files and retention's deletions run on a "
+              "background thread."]
+    return "\n".join(lines)

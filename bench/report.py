@@ -33,6 +33,18 @@ def rows_of(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
             for row in rows]
 
 
+def notes_of(name: str, result: dict[str, Any]) -> str:
+    """A benchmark's own markdown section after the table (`notes(result)`: where the time goes, what limits a
+    missed target), or ''."""
+    from bench.__main__ import BENCHMARKS
+
+    if "skipped" in result or name not in BENCHMARKS:
+        return ""
+    module = importlib.import_module(BENCHMARKS[name])
+    text = module.notes(result) if hasattr(module, "notes") else ""
+    return f"\n## {name}\n\n{text.strip()}\n" if text else ""
+
+
 def load_results(directory: Path) -> dict[str, dict[str, Any]]:
     """Every benchmark result stored in `directory` (NAME.json), the report's own file left out."""
     results = {}
@@ -52,7 +64,7 @@ def write_report(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path
     generated = _iso(datetime.now(timezone.utc))
     paths = [out_dir / f for f in REPORT_FILES]
     paths[0].write_text(json.dumps({"generated_at": generated, "rows": rows}, indent=2) + "\n")
-    paths[1].write_text(markdown(rows, generated))
+    paths[1].write_text(markdown(rows, generated) + "".join(notes_of(name, r) for name, r in results.items()))
     chart(rows, paths[2])
     return paths
 

@@ -131,3 +131,22 @@ def report(result: dict[str, Any]) -> str:
             f"submission {m['single']:.2f} s = {result['single_vs_torch_import']:.2f}x (target <= {SINGLE_TARGET}x), "
             f"4-point sweep {m['sweep4']:.2f} s = {result['sweep4_vs_single']:.2f}x a single one, 64-point sweep "
             f"{m['sweep64']:.2f} s = {result['sweep64_vs_single']:.2f}x (target <= {SWEEP64_TARGET}x)" + _where(result))
+
+
+def notes(r: dict[str, Any]) -> str:
+    """REPORT.md's section: where a submission's time goes, and what limits it."""
+    if "breakdown_s" not in r:
+        return ""
+    b, m = r["breakdown_s"], r["median_s"]
+    lines = [f"Where a single submission's {m['single']:.2f} s go (medians, each stage measured by a command that "
+             "stops there):", "", "| stage | seconds | share |", "| --- | --- | --- |"]
+    lines += [f"| {k.replace('_', ' ')} | {v:.2f} | {v / m['single']:.0%} |" for k, v in b.items()]
+    target_s = SINGLE_TARGET * m["torch_import"]
+    largest = sorted(b, key=b.get, reverse=True)[:2]  # type: ignore[arg-type]
+    lines += ["", f"The target ({SINGLE_TARGET}x an `import torch` of {m['torch_import']:.2f} s) is {target_s:.2f} s. "
+              f"The largest stages are {largest[0].replace('_', ' ')} and {largest[1].replace('_', ' ')}. The "
+              "imports (Hydra, OmegaConf, submitit) are paid before anything of ours runs, and composing is "
+              "Hydra's (once per command: it composed twice before, see launcher/__main__.py); what is ours is "
+              "the last stage. A sweep adds, per point, one config copy, the plan and its checks, and the "
+              "point's run directory (config.yaml)."]
+    return "\n".join(lines)

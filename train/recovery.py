@@ -90,6 +90,16 @@ def exclusion(cfg: Any, job: str, host: str | None) -> list[str]:
     return wanted
 
 
+def error_summary(err: BaseException, limit: int = 600) -> str:
+    """The error for events.jsonl: its head and its tail when long. A collective's error (DCP's
+    CheckpointException, say) carries every rank's traceback, and the cause is in its last lines."""
+    text = f"{type(err).__name__}: {err}"
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return f"{text[:head]} ... {text[-(limit - head - 5):]}"
+
+
 def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> None:
     """Rank 0, after an attempt that ended on its own terms: finished, or stopped by a signal."""
     kind = "preempted" if outcome.requeue_job else "stopped" if outcome.stopped else "finished"
@@ -122,7 +132,7 @@ def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err
     failed = unexpected_failures(run_dir) + 1
     record_event(run_dir, kind, attempt=attempt(), job=job, host=host if kind == "hung" else host or node_name(),
                  step=step, steps_lost=lost, started=started, ended=time.time(),
-                 error=None if err is None else f"{type(err).__name__}: {err}"[:500])
+                 error=None if err is None else error_summary(err))
     if failed > budget:
         log.error("failure %d of this run and cluster.max_failures=%d: not requeueing. Fix the cause (see the logs "
                   "and events.jsonl), then run the same command to resume from the last checkpoint", failed, budget)

@@ -88,3 +88,23 @@ def test_gpu_and_ddp_loop_figures_become_rows_with_their_targets() -> None:
     assert gpu["value"] == 0.985 and gpu["met"] is True and gpu["target"] == ">= 0.97"
     assert "MFU 40.0% vs 40.6%" in gpu["detail"]
     assert not any(r.get("skipped") for r in rows.values())  # nothing reported as skipped once measured
+
+
+def test_where_the_time_goes_follows_the_table(tmp_path: Path) -> None:
+    loop = {**RESULTS["loop_overhead"],
+            "profile": {"case": "tiny", "steps": 100, "total_s": 3.2,
+                        "top": [{"function": "run_backward", "calls": 100, "own_s": 1.4, "cumulative_s": 1.4,
+                                 "share": 0.4375}]}}
+    submit = {"median_s": {"single": 1.0, "torch_import": 2.8, "sweep4": 1.4, "sweep64": 6.0},
+              "single_vs_torch_import": 0.357, "sweep64_vs_single": 6.0, "sweep4_vs_single": 1.4,
+              "breakdown_s": {"interpreter": 0.1, "imports": 0.3, "compose": 0.4, "sbatch": 0.05,
+                              "plan_checks_rundir_submitit": 0.15},
+              "command": "python -m bench submit_latency"}
+    md = write_report({"loop_overhead": loop, "submit_latency": submit}, tmp_path)[1].read_text()
+    table_end = md.index("\n## ")
+    loop_notes = md[md.index("## loop_overhead"):]
+    assert table_end < md.index("## loop_overhead") and "| `run_backward` | 100 | 1.400 | 43.8% |" in loop_notes
+    assert "without background loading costs 1.190x the bare loop, with it 1.142x" in loop_notes
+    submit_notes = md[md.index("## submit_latency"):]
+    assert "| compose | 0.40 | 40% |" in submit_notes and "is 0.70 s" in submit_notes
+    assert "largest stages are compose and imports" in submit_notes

@@ -101,3 +101,13 @@ def test_torchrun_launch_config_is_refused(run_root: Path) -> None:
     out = launch("+cluster=a100x16", "cluster.launch=torchrun", "launcher.dry_run=true", f"run.root={hq(run_root)}")
     assert out.returncode == 2
     assert "cluster.launch=srun" in out.stderr
+
+
+def test_a_long_error_keeps_its_head_and_its_cause() -> None:
+    from train.recovery import error_summary
+
+    err = RuntimeError("Traceback (most recent call last): (RANK 0)\n" + "  frame\n" * 200 + "OSError: disk full")
+    summary = error_summary(err)
+    assert len(summary) <= 600
+    assert summary.startswith("RuntimeError: Traceback") and summary.endswith("OSError: disk full")
+    assert error_summary(ValueError("short")) == "ValueError: short"
