@@ -43,6 +43,7 @@ CASES: dict[str, dict[str, Any]] = {
 }
 # (steps per run, pairs) per case; quick: CI smoke, the same cases with fewer steps and pairs.
 FULL = {"tiny": (100, 6), "gpt_24m": (30, 3)}
+DDP_FULL = {"tiny": (100, 5), "gpt_24m": (30, 2)}  # two ranks share the 2 cores: fewer pairs (make bench < 15 min)
 QUICK = {"tiny": (40, 2), "gpt_24m": (30, 1)}
 DDP_WORLD = 2
 
@@ -350,7 +351,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                 gpu = {"skipped": "no CUDA"}
     finally:
         distributed.destroy_process_group()
-    ddp = run_ddp(plan)
+    ddp = run_ddp(QUICK if quick else DDP_FULL)
     return {
         "benchmark": "loop_overhead", "torch": torch.__version__, "device": "cpu", "world_size": 1,
         "log_every": LOG_EVERY, "quick": quick, "cases": cases, "profile": profile,

@@ -47,7 +47,7 @@ from launcher.status import read_config, read_metrics
 from train import ckpt_layout
 
 REPEATS = 3
-STEPS = 80  # the resumed attempt finishes the run: ~60 steps after the signal
+STEPS = 400  # tiny steps take tens of ms: enough that the signal (after 20 logged steps) lands mid-run
 SIGNAL_AFTER = 20  # logged steps before the signal (past start-up, far enough from the end)
 LOST_TARGET = 0
 JOB = ["+cluster=local_slurm", "model=tiny", f"trainer.max_steps={STEPS}", "trainer.log_every=1",

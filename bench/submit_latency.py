@@ -52,9 +52,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     cases = {
         "torch_import": lambda i: [sys.executable, "-c", "import torch"],
         "single": lambda i: [sys.executable, "-m", "launcher", *COMMON, f"run.name=single{i}"],
-        "sweep4": lambda i: [sys.executable, "-m", "launcher", "-m", "optim.lr=1e-3,3e-3", "trainer.seed=1,2",
-                             *COMMON, f"launcher.sweep_name=s4_{i}"],
-        "sweep64": lambda i: [sys.executable, "-m", "launcher", "-m", f"optim.lr=range({i + 1},{i + 9})",
+        # New points in every repetition: a point whose run directory exists is a resume, checked against the
+        # config saved there (re-submitting a sweep), which is not what a first submission costs.
+        "sweep4": lambda i: [sys.executable, "-m", "launcher", "-m", "optim.lr=1e-3,3e-3",
+                             f"trainer.seed={2 * i + 1},{2 * i + 2}", *COMMON, f"launcher.sweep_name=s4_{i}"],
+        "sweep64": lambda i: [sys.executable, "-m", "launcher", "-m", f"optim.lr=range({8 * i + 1},{8 * i + 9})",
                               "trainer.seed=range(1,9)", *COMMON, f"launcher.sweep_name=s64_{i}"],
     }
     compose = ("from launcher.__main__ import main; import submitit; from launcher.compose import compose_config; "

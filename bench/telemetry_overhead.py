@@ -37,7 +37,7 @@ TARGET_RATIO = 0.01
 WORLD = 2
 MODEL = ["model=gpt2_124m", "model.n_layers=4", "model.d_model=256", "model.n_heads=4", "model.ffn_hidden=1024",
          "model.vocab_size=2048", "data.seq_len=64", "trainer.micro_batch_size=2"]
-STEPS, LOG_EVERY, PAIRS = 60, 10, 5
+STEPS, LOG_EVERY, PAIRS = 60, 10, 4
 OVERRIDES = [*MODEL, f"trainer.log_every={LOG_EVERY}", "trainer.ckpt_every=0",
              "logger.backend=none", f"local.nproc={WORLD}"]
 
