@@ -77,3 +77,12 @@ def goodput(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> floa
     if spent <= 0 or not times or not steps:
         return None
     return min(1.0, steps * median(times) / spent)
+
+
+# Errors a rank raises because a peer vanished (its process died, its node went away): not the failure itself.
+SECONDARY_ERRORS = ("Connection closed by peer", "Connection reset by peer", "DistBackendError", "Broken pipe",
+                    "NCCL communicator was aborted", "Socket Timeout")
+
+
+def is_secondary_text(text: str) -> bool:
+    return any(marker in text for marker in SECONDARY_ERRORS)

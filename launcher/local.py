@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from launcher.errors import EXIT_STOPPED
+from launcher.events import is_secondary_text
 
 GRACE_S = 30.0
 POLL_S = 0.1
@@ -129,7 +130,7 @@ class WorkerGroup:
             codes = [p.poll() for p in self.procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0, EXIT_STOPPED)]
             if failed:
-                rank, code = failed[0]
+                rank, code = self.first_failure(failed)
                 self.stop()
                 self.report_failure(rank, code)
                 return code if code > 0 else 128 - code
@@ -140,6 +141,14 @@ class WorkerGroup:
                     return EXIT_STOPPED
                 return 0
             time.sleep(POLL_S)
+
+    def first_failure(self, failed: list[tuple[int, int]]) -> tuple[int, int]:
+        """Of the ranks found failed at one look, the one that failed first: a rank whose peer died fails too
+        (its collective breaks), and may exit before the peer does; its log then ends with the peer's loss."""
+        for rank, code in failed:
+            if not is_secondary_text(tail(self.log_paths[rank])):
+                return rank, code
+        return failed[0]
 
     def report_failure(self, rank: int, code: int) -> None:
         reason = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"

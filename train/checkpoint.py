@@ -100,6 +100,11 @@ def _serialized(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+def _remove_all(doomed: list[layout.CheckpointDir]) -> None:
+    for checkpoint in doomed:
+        layout.remove(checkpoint)
+
+
 def _write_files(files: dict[Path, bytes]) -> None:
     for path, data in files.items():
         layout.write_durably(path, data)
@@ -273,7 +278,7 @@ class CheckpointManager:
         doomed = layout.to_delete(layout.list_checkpoints(self.run_dir), self.cfg.checkpoint.keep_last,
                                   self.cfg.checkpoint.keep_every)
         if doomed:  # deleting gigabytes takes a while: in the background (each drops its marker first)
-            self.io.submit(lambda: [layout.remove(d) for d in doomed])
+            self.io.submit(_remove_all, doomed)
 
     def close(self) -> None:
         """Finish any save in flight, and the file writes and deletions behind it; free the staging buffers."""

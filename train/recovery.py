@@ -16,15 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.events import record_event, unexpected_failures
+from launcher.events import is_secondary_text, record_event, unexpected_failures
 from train import ckpt_layout as layout
 from train.metrics import log
 from train.preemption import slurm_job_id
 
 # A rank whose error is only that a peer went away waits this long for the rank that failed first to claim.
 SECONDARY_WAIT_S = 10.0
-_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "DistBackendError", "Broken pipe",
-              "NCCL communicator was aborted", "Socket Timeout")
 
 
 def node_name() -> str:
@@ -36,8 +34,7 @@ def attempt() -> int:
 
 
 def is_secondary(err: BaseException) -> bool:
-    text = f"{type(err).__name__}: {err}"
-    return any(marker in text for marker in _SECONDARY)
+    return is_secondary_text(f"{type(err).__name__}: {err}")
 
 
 def _claim(run_dir: Path, job: str) -> bool:

@@ -111,3 +111,17 @@ def test_a_long_error_keeps_its_head_and_its_cause() -> None:
     assert len(summary) <= 600
     assert summary.startswith("RuntimeError: Traceback") and summary.endswith("OSError: disk full")
     assert error_summary(ValueError("short")) == "ValueError: short"
+
+
+def test_the_launcher_blames_the_rank_that_failed_not_the_one_that_lost_its_peer(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from launcher.local import WorkerGroup
+
+    logs = [tmp_path / "rank_0.log", tmp_path / "rank_1.log"]
+    logs[0].write_text("step 1\nDistBackendError: [../gloo/transport/tcp/pair.cc] Connection closed by peer\n")
+    logs[1].write_text("step 1\nRuntimeError: injected failure on rank 1 at step 2\n")
+    group = SimpleNamespace(log_paths=logs)
+    assert WorkerGroup.first_failure(group, [(0, 1), (1, 1)]) == (1, 1)  # type: ignore[arg-type]
+    logs[1].write_text("Broken pipe\n")  # both lost a peer: the lowest rank, as before
+    assert WorkerGroup.first_failure(group, [(0, 1), (1, 1)]) == (0, 1)  # type: ignore[arg-type]
