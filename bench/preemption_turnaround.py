@@ -43,7 +43,8 @@ from typing import Any
 
 from launcher import accounting
 from launcher.events import read_events
-from launcher.status import read_config, read_metrics
+from launcher.metrics_file import read_metrics
+from launcher.status import read_config
 from train import ckpt_layout
 
 REPEATS = 3

@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 
 from launcher.compose import compose_and_plan
 from launcher.local import free_port
+from launcher.metrics_file import read_file
 from train import distributed
 from train.loop import train
 from train.telemetry import StepTimer, Telemetry
@@ -76,7 +77,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, runs: list[tuple[str
 
 def step_times(metrics: Path, log_every: int = LOG_EVERY) -> list[float]:
     """Wall time per step of each log interval after the first, from the rows' tokens/s."""
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = read_file(metrics)
     out = []
     for prev, row in zip(rows, rows[1:], strict=False):
         if prev["step"] >= log_every:  # the interval from step 1 to log_every includes warm-up

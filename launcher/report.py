@@ -1,7 +1,19 @@
-"""`python -m launcher.report DIR [DIR...]`: PNG plots of a run or a sweep, written into DIR.
+"""`python -m launcher.report DIR [DIR...]`: PNG plots of a run, a sweep or a run root, written into DIR.
 
-    loss.png, tokens_per_s.png         one line per run (a sweep's points are labelled by their swept values)
-    final_loss_vs_<key>.png            sweeps only, one per swept key: the final loss of each finished point
+DIR is a run directory (config.yaml), a sweep directory (sweep.json) or a run root (a directory of run directories,
+e.g. outputs/): a run root gets one figure of each kind overlaying every run below it, as `launcher.status` lists them.
+
+    loss.png                   three panels over the step, one line per run in the same colour in each (a sweep's
+                               points labelled by their swept values): the loss, the learning rate (on a log axis
+                               when the runs' peak rates span more than 10x, as in a learning-rate sweep) and the
+                               gradient norm
+    tokens_per_s.png           one line per run
+    final_loss_vs_<key>.png    sweeps only, one per swept key: the final loss of each finished point
+
+A value that is not finite (nan, inf: a run that diverged) is never left out: the line stops at the last finite
+value, every non-finite step gets an x on the top edge of the panel in the run's colour, and the first one is
+annotated and named in the legend ("loss nan from step 20"); a finished sweep point whose final loss is not finite
+gets an x at its swept value.
 
 Figures are built (`*_figure`) apart from being saved (`save`) so tests can inspect what was drawn. matplotlib is
 imported inside the functions: `launcher.status` and the rest of the launcher never pay for it.
@@ -15,25 +27,34 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.status import RunRef, Target, find_runs, read_config, read_metrics
+from launcher.metrics_file import number_text, read_metrics
+from launcher.status import RunRef, Target, find_runs, read_config
 from launcher.sweepdir import Point, Sweep, is_sweep_dir, override_key
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 FIGSIZE_IN = (8.0, 5.0)
-DPI = 100  # 800 x 500 pixels
-METRICS = {"loss": "loss", "tokens_per_s": "tokens/s"}
+TRAINING_FIGSIZE_IN = (8.0, 10.0)  # loss.png: three panels
+DPI = 100  # 800 x 500 pixels (loss.png 800 x 1000)
+PANELS = {"loss": "loss", "lr": "learning rate", "grad_norm": "gradient norm"}  # loss.png, top to bottom
+METRICS = {"tokens_per_s": "tokens/s"}  # one figure each
+WIDE_SPAN = 10.0  # values further apart than this factor get a log axis
 
 
 @dataclass
 class Series:
     label: str
     steps: list[int]
-    values: list[float]
+    values: list[float]  # nan and inf included
+    color: str = "C0"  # the run's colour, the same on every panel
+
+    def nonfinite(self) -> list[tuple[int, float]]:
+        return [(step, v) for step, v in zip(self.steps, self.values, strict=True) if not math.isfinite(v)]
 
 
 @dataclass
@@ -46,33 +67,88 @@ class FinalLoss:
 
 
 def metric_series(runs: list[RunRef], key: str) -> list[Series]:
-    """One series per run that logged `key`; runs without metrics yet have no line."""
+    """One series per run that logged `key`; runs without metrics yet have no line (but keep their colour)."""
     out = []
-    for run in runs:
-        rows = [r for r in read_metrics(run.run_dir) if isinstance(r.get(key), int | float)]
+    for i, run in enumerate(runs):
+        rows = [r for r in read_metrics(run.run_dir) if _is_number(r.get(key))]
         if rows:
-            out.append(Series(run.name, [r["step"] for r in rows], [float(r[key]) for r in rows]))
+            out.append(Series(run.name, [r["step"] for r in rows], [float(r[key]) for r in rows], f"C{i % 10}"))
     return out
 
 
-def _figure() -> Figure:
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _figure(size: tuple[float, float] = FIGSIZE_IN) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=FIGSIZE_IN, dpi=DPI, layout="constrained")
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)  # non-interactive Agg, no pyplot state: safe on login nodes without a display
     return fig
+
+
+def mark_top_edge(ax: Axes, xs: list[Any], color: str, note: str, index: int) -> None:
+    """An x per non-finite value on the panel's top edge at its x, the first one annotated; `index` stacks the notes
+    of several series. The x range is widened to hold them (matplotlib does not autoscale to blended points)."""
+    ax.scatter(xs, [1.0] * len(xs), marker="x", color=color, transform=ax.get_xaxis_transform(), clip_on=False,
+               zorder=3)
+    ax.update_datalim([(x, 0.0) for x in ax.xaxis.convert_units(xs)], updatey=False)
+    ax.autoscale_view()
+    ax.annotate(note, xy=(xs[0], 1.0), xycoords=ax.get_xaxis_transform(), xytext=(4, -12 * (index + 1)),
+                textcoords="offset points", color=color, fontsize="small")
+
+
+def draw_series(ax: Axes, series: list[Series], name: str) -> None:
+    """One line per series, drawn to its last finite value; its nan and inf values marked (mark_top_edge)."""
+    noted = 0
+    for s in series:
+        bad = s.nonfinite()
+        note = f"{name} {number_text(bad[0][1])} from step {bad[0][0]}" if bad else ""
+        finite = [v if math.isfinite(v) else math.nan for v in s.values]
+        # Dots too where values are missing: a finite point between non-finite ones has no segment to draw.
+        ax.plot(s.steps, finite, ".-" if bad else "-", color=s.color, markersize=4,
+                label=f"{s.label} ({note})" if bad else s.label)
+        if bad:
+            mark_top_edge(ax, [step for step, _ in bad], s.color, note, noted)
+            noted += 1
+    ax.grid(alpha=0.3)
+
+
+def spans_widely(numbers: list[float]) -> bool:
+    """Positive numbers further apart than WIDE_SPAN: they need a log axis."""
+    return bool(numbers) and min(numbers) > 0 and max(numbers) / min(numbers) > WIDE_SPAN
 
 
 def line_figure(series: list[Series], ylabel: str, title: str) -> Figure:
     fig = _figure()
     ax = fig.add_subplot()
-    for s in series:
-        ax.plot(s.steps, s.values, label=s.label)
+    draw_series(ax, series, ylabel)
     ax.set(xlabel="step", ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3)
     if series:
         ax.legend(fontsize="small")
+    return fig
+
+
+def training_figure(runs: list[RunRef], title: str) -> Figure:
+    """loss.png: the loss, the learning rate and the gradient norm, stacked over one step axis; the legend on top."""
+    fig = _figure(TRAINING_FIGSIZE_IN)
+    axes = fig.subplots(len(PANELS), 1, sharex=True)
+    for ax, (key, label) in zip(axes, PANELS.items(), strict=True):
+        series = metric_series(runs, key)
+        draw_series(ax, series, label)
+        ax.set_ylabel(label)
+        if not series:
+            ax.text(0.5, 0.5, f"no {label} logged", ha="center", va="center", transform=ax.transAxes)
+        # A learning-rate sweep: compare the runs' peak rates (one run's warm-up and decay span wide on its own).
+        peaks = [max(finite) for s in series if (finite := [v for v in s.values if math.isfinite(v)])]
+        if key == "lr" and spans_widely(peaks):
+            ax.set_yscale("log")
+    axes[0].set_title(title, pad=10)  # clear of the marks on the top edge
+    axes[-1].set_xlabel("step")
+    if axes[0].get_lines():
+        axes[0].legend(fontsize="small")
     return fig
 
 
@@ -97,7 +173,7 @@ def final_losses(sweep: Sweep, runs: list[RunRef], key: str) -> list[FinalLoss]:
     out = []
     for point, run in zip(sweep.points, runs, strict=True):
         value = swept_value(point, key)
-        rows = [r for r in read_metrics(run.run_dir) if isinstance(r.get("loss"), int | float)]
+        rows = [r for r in read_metrics(run.run_dir) if _is_number(r.get("loss"))]
         max_steps = (read_config(run.run_dir).get("trainer") or {}).get("max_steps")
         if value is None or not rows or not isinstance(max_steps, int) or rows[-1]["step"] < max_steps:
             continue
@@ -107,19 +183,26 @@ def final_losses(sweep: Sweep, runs: list[RunRef], key: str) -> list[FinalLoss]:
 
 
 def final_loss_figure(points: list[FinalLoss], key: str, title: str) -> Figure:
-    """x: the swept value (numeric, log when it spans more than 10x; else categorical); one line per group."""
+    """x: the swept value (numeric, log when it spans more than 10x; else categorical); one line per group; a point
+    whose final loss is not finite is an x on the top edge at its value, labelled nan or inf."""
+    from matplotlib.colors import to_hex
+
     fig = _figure()
     ax = fig.add_subplot()
     numbers = _numeric([p.value for p in points])
     groups = list(dict.fromkeys(p.group for p in points))
-    for group in groups:
-        mine = [p for p in points if p.group == group]
+    for index, group in enumerate(groups):
+        mine = [p for p in points if p.group == group and math.isfinite(p.loss)]
         if numbers is not None:
             xy = sorted((float(p.value), p.loss) for p in mine)
-            ax.plot([x for x, _ in xy], [y for _, y in xy], "o-", label=group or None)
+            [line] = ax.plot([x for x, _ in xy], [y for _, y in xy], "o-", label=group or None)
         else:
-            ax.plot([p.value for p in mine], [p.loss for p in mine], "o", label=group or None)
-    if numbers and min(numbers) > 0 and max(numbers) / min(numbers) > 10:
+            [line] = ax.plot([p.value for p in mine], [p.loss for p in mine], "o", label=group or None)
+        for p in points:
+            if p.group == group and not math.isfinite(p.loss):
+                x = float(p.value) if numbers is not None else p.value
+                mark_top_edge(ax, [x], to_hex(line.get_color()), number_text(p.loss), index)
+    if numbers and spans_widely(numbers):
         ax.set_xscale("log")
     if not points:
         ax.text(0.5, 0.5, "no finished points yet", ha="center", va="center", transform=ax.transAxes)
@@ -140,21 +223,25 @@ def plot_file_name(key: str) -> str:
 
 
 def load(path: Path) -> tuple[Target, str]:
-    """The runs to plot and the plot title; ConfigError when DIR is neither a run nor a sweep, or has no metrics."""
-    if not is_sweep_dir(path) and not (path / "config.yaml").is_file():
-        raise ConfigError(f"{path} is neither a run directory (config.yaml) nor a sweep directory (sweep.json): "
-                          "pass one of those (for a run.root, pass each run or `python -m launcher.status` it)")
+    """The runs to plot and the plot title; ConfigError when DIR is not a run, a sweep or a run root, or has no
+    metrics."""
     target = find_runs(path)
     if not metric_series(target.runs, "loss"):
         raise ConfigError(f"{path} has no metrics yet (no metrics.jsonl with a logged step): wait for the first "
                           "logged step (trainer.log_every) and run the report again")
-    title = target.sweep.name if target.sweep is not None else target.runs[0].name
+    if target.sweep is not None:
+        title = target.sweep.name
+    elif is_sweep_dir(path) or (path / "config.yaml").is_file():
+        title = target.runs[0].name
+    else:
+        title = Path(path).resolve().name  # a run root
     return target, title
 
 
 def write_report(path: Path, target: Target, title: str) -> list[Path]:
-    written = [save(line_figure(metric_series(target.runs, key), label, title), path / f"{key}.png")
-               for key, label in METRICS.items()]
+    written = [save(training_figure(target.runs, title), path / "loss.png")]
+    written += [save(line_figure(metric_series(target.runs, key), label, title), path / f"{key}.png")
+                for key, label in METRICS.items()]
     if target.sweep is not None:
         for key in dict.fromkeys(map(override_key, target.sweep.swept)):
             fig = final_loss_figure(final_losses(target.sweep, target.runs, key), key, title)
@@ -164,7 +251,7 @@ def write_report(path: Path, target: Target, title: str) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__.splitlines()[0])
-    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a run directory or a sweep directory")
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a run directory, a sweep directory or a run.root")
     args = parser.parse_args(argv)
     try:
         loaded = [(path, *load(path)) for path in args.dirs]  # every DIR checked before anything is written

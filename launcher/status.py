@@ -8,8 +8,6 @@ from the run directories, so a local run shows its progress too.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 import time
 from collections import Counter
@@ -19,8 +17,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher import accounting, events
+from launcher import accounting, events, metrics_file
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
+from launcher.metrics_file import read_metrics
 from launcher.sweepdir import Sweep, is_sweep_dir, load_sweep
 from train import ckpt_layout
 
@@ -53,7 +52,7 @@ class Row:
     checkpoint_step: int | None
     requeues: int | None
     hours_unit: str | None  # GPU-h, CPU-h, or None for a local run
-    loss: float | None
+    loss: float | None  # the last logged loss; nan or inf when it is not finite (--json: "nan", "inf", "-inf")
     tokens_per_s: float | None
     gpu_hours: float | None
     cpu_hours: float | None
@@ -61,25 +60,11 @@ class Row:
     # How the attempts ended (RUN_DIR/events.jsonl: finished, preempted, crashed, hung, ...) and the goodput.
     events: dict[str, int] = field(default_factory=dict)
     goodput: float | None = None
+    # The step since which every logged loss has been nan or inf (None while the last loss is finite).
+    loss_nonfinite_since: int | None = None
 
 
 # ---- reading run directories (report.py reads through these too) ----
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl rows; a torn last line (writer killed mid-write) or any unparsable line is skipped."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(row)
-    return rows
-
 
 def read_config(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "config.yaml"
@@ -175,7 +160,8 @@ def slurm_state(newest_job: str, attempts: list[accounting.Attempt] | None) -> s
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+    """A logged figure as a float, nan and inf included (they mean the run diverged, not that nothing was logged)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> Row:
@@ -192,6 +178,8 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
         loss=_number(last.get("loss")), tokens_per_s=_number(last.get("tokens_per_s")),
         gpu_hours=None, cpu_hours=None, cost=None,
     )
+    diverged = metrics_file.nonfinite_since(metrics, "loss")
+    row.loss_nonfinite_since = diverged["step"] if diverged else None
     attempt_ends = events.read_events(run.run_dir)
     row.events, row.goodput = events.counts(attempt_ends), events.goodput(attempt_ends, metrics)
     if not run.jobs:
@@ -243,6 +231,15 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def state_cell(row: Row) -> Any:
+    """The state, and in red since when the loss has been nan or inf: a diverged run must not look healthy."""
+    from rich.text import Text
+
+    if row.loss_nonfinite_since is None or row.loss is None:
+        return row.state
+    return Text(f"{row.state}, loss {_fmt(row.loss, '.4f')} since step {row.loss_nonfinite_since}", style="red")
+
+
 def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
     from rich import box
     from rich.table import Table
@@ -262,7 +259,7 @@ def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
     for row in rows:
         step = "-" if row.step is None else f"{row.step}/{row.max_steps if row.max_steps is not None else '?'}"
         ends = ", ".join(f"{n} {kind}" for kind, n in sorted(row.events.items())) or "-"
-        cells = [row.name, row.job, row.state, step, _fmt(row.checkpoint_step, "d"), _fmt(row.requeues, "d"), ends,
+        cells = [row.name, row.job, state_cell(row), step, _fmt(row.checkpoint_step, "d"), _fmt(row.requeues, "d"), ends,
                  "-" if row.goodput is None else f"{row.goodput:.0%}", _fmt(row.loss, ".4f"),
                  _fmt(row.tokens_per_s, ",.0f")]
         cells += [_fmt(getattr(row, key), ".2f") for _, key in hour_units]
@@ -323,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             return watch(args.dir, target, args.watch)
         if args.json:
             rows = collect(target)
-            print(json.dumps({"rows": [asdict(row) for row in rows], "total": total(rows)}, indent=2))
+            # Strict JSON: a non-finite loss prints as "nan" / "inf", as in metrics.jsonl.
+            print(metrics_file.dumps({"rows": [asdict(row) for row in rows], "total": total(rows)}, indent=2))
             return 0
         console().print(snapshot(args.dir, target))
         return 0

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher import rundir, slurm
 from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
+from launcher.metrics_file import read_metrics
 from launcher.plan import Plan, make_plan
 from launcher.sweepdir import Array, Point, Sweep, load_sweep, override_key, save_sweep, swept_label
 from train import ckpt_layout as layout
@@ -309,14 +310,7 @@ def run_here(points: list[PointRun], sweep_dir: Path) -> int:
 
 
 def _last_row(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "metrics.jsonl"
-    rows: list[dict[str, Any]] = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
+    rows = read_metrics(run_dir)
     return rows[-1] if rows else {}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -10,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from launcher.metrics_file import FILE_NAME, decode_row
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +37,8 @@ def hq(value: object) -> str:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """Every row of RUN_DIR/metrics.jsonl through the file's own decoder; an unparsable line fails the test."""
+    return [decode_row(line) for line in (run_dir / FILE_NAME).read_text().splitlines() if line.strip()]
 
 
 def traced_samples(trace_dir: Path) -> dict[int, list[int]]:

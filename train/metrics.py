@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -10,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher import metrics_file
 from train.distributed import DistEnv
 
 log = logging.getLogger("slurmtrain")
@@ -38,7 +38,7 @@ class MetricsLogger:
     def __init__(self, cfg: Any, env: DistEnv, run_dir: Path, max_steps: int) -> None:
         self.enabled = env.is_main
         self.max_steps = max_steps
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / metrics_file.FILE_NAME
         self.wandb_run: Any = None
         self.progress: Any = None
         self._last_time = time.perf_counter()
@@ -97,7 +97,7 @@ class MetricsLogger:
         if not self.enabled:
             return row
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(metrics_file.encode_row(row) + "\n")  # strict JSON: a non-finite value is written as text
         if self.wandb_run is not None:
             self.wandb_run.log(wandb_values(row), step=step)
         if self.progress is None:
@@ -155,7 +155,7 @@ def wandb_values(row: dict[str, Any]) -> dict[str, Any]:
 def _row_step(line: str) -> float:
     """The step of a metrics row; a torn last line (the writer was killed mid-write) sorts after everything."""
     try:
-        return float(json.loads(line)["step"])
+        return float(metrics_file.decode_row(line)["step"])
     except (ValueError, KeyError, TypeError):
         return float("inf")
 

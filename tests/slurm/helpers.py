@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.metrics_file import read_metrics
+
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
@@ -50,11 +52,8 @@ def submitted_job_id(stdout: str) -> str:
 
 
 def logged_steps(run_dir: Path) -> int:
-    """Rows in RUN_DIR/metrics.jsonl so far (0 before training starts)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    return len([line for line in path.read_text().splitlines() if line.strip()])
+    """Rows in RUN_DIR/metrics.jsonl so far (0 before training starts; a torn last line is not a row yet)."""
+    return len(read_metrics(run_dir))
 
 
 def preempt_and_release(job_id: str, run_dir: Path) -> str:

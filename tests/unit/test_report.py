@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import struct
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from launcher import report
+from launcher import metrics_file, report
 from launcher.sweepdir import Point, Sweep, save_sweep
 from tests.unit.test_status import write_run
 
@@ -24,8 +25,10 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def make_sweep(root: Path, grid: list[dict[str, str]], max_steps: int = 30,
-               unfinished: tuple[int, ...] = (), no_metrics: tuple[int, ...] = ()) -> tuple[Path, list[Any]]:
-    """A sweep over the keys of `grid`; returns its directory and each point's metrics rows (oldest first)."""
+               unfinished: tuple[int, ...] = (), no_metrics: tuple[int, ...] = (),
+               diverged: dict[int, float] | None = None) -> tuple[Path, list[Any]]:
+    """A sweep over the keys of `grid`; returns its directory and each point's metrics rows (oldest first). A
+    point in `diverged` logs that (non-finite) loss from its second logged step on."""
     rng = random.Random(len(grid))
     sweep_dir = root / "sweeps" / "my sweep"
     points, metrics = [], []
@@ -33,7 +36,10 @@ def make_sweep(root: Path, grid: list[dict[str, str]], max_steps: int = 30,
         run_dir = root / f"point {i}"
         logged = 0 if i in no_metrics else (max_steps // 10 - 1 if i in unfinished else max_steps // 10)
         losses = [round(rng.uniform(1, 5), 4) for _ in range(logged)]
-        metrics.append(write_run(run_dir, name=f"point {i}", max_steps=max_steps, losses=losses))
+        if i in (diverged or {}):
+            losses[1:] = [(diverged or {})[i]] * (logged - 1)
+        lr = float(values.get("optim.lr", "1e-3"))
+        metrics.append(write_run(run_dir, name=f"point {i}", max_steps=max_steps, losses=losses, lr=lr))
         overrides = [f"{k}={v}" for k, v in values.items()] + ["trainer.seed=1"]
         points.append(Point(i, overrides, str(run_dir), [f"90_{i}"]))
     save_sweep(sweep_dir, Sweep("my sweep", "python -m launcher -m ...", list(grid[0]), points))
@@ -96,6 +102,119 @@ def test_final_loss_axis_is_linear_within_10x_and_categorical_for_strings(root: 
     assert list(ddp_4.get_ydata()) == [metrics[0][-1]["loss"], metrics[3][-1]["loss"]]
 
 
+def same_floats(got: Any, expected: list[float]) -> bool:
+    got = [float(v) for v in got]
+    return len(got) == len(expected) and all(
+        (math.isnan(a) and not math.isfinite(b)) or a == b for a, b in zip(got, expected, strict=True))
+
+
+def top_edge_marks(ax: Any) -> list[tuple[float, str]]:
+    """The x marks drawn on the panel's top edge (x in data, y in axes coordinates): (step, colour) each."""
+    from matplotlib import colors
+
+    out = []
+    for collection in ax.collections:
+        if collection.get_offset_transform() == ax.get_xaxis_transform():
+            edges = collection.get_edgecolors()  # one colour for every mark, or one each
+            for i, (x, y) in enumerate(collection.get_offsets()):
+                assert y == 1.0
+                out.append((float(x), colors.to_hex(edges[i % len(edges)])))
+    return out
+
+
+@pytest.mark.parametrize(("value", "text"), [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")])
+def test_a_diverged_run_is_marked_where_its_loss_stopped_being_finite(root: Path, value: float, text: str) -> None:
+    # 10 logged steps; the loss is non-finite from step 20 on: one finite point, nine that must not vanish.
+    rows = write_run(root / "dead", name="dead", max_steps=100, losses=[8.3177] + [value] * 9)
+    target, title = report.load(root / "dead")
+    single = report.line_figure(report.metric_series(target.runs, "loss"), "loss", title).axes[0]
+    assert [s for s, _ in top_edge_marks(single)] == list(range(20, 101, 10))
+    loss_ax = report.training_figure(target.runs, title).axes[0]
+    [line] = loss_ax.get_lines()
+    assert list(line.get_xdata()) == [r["step"] for r in rows]
+    assert same_floats(line.get_ydata(), [r["loss"] for r in rows])  # drawn to the last finite point
+    from matplotlib import colors
+
+    colour = colors.to_hex(line.get_color())
+    assert top_edge_marks(loss_ax) == [(float(s), colour) for s in range(20, 101, 10)]
+    assert loss_ax.get_xlim()[1] >= 100  # the steps after the divergence are on the axis
+    [legend] = [t.get_text() for t in loss_ax.get_legend().get_texts()]
+    assert legend == f"dead (loss {text} from step 20)"
+    assert f"loss {text} from step 20" in [t.get_text() for t in loss_ax.texts]
+    # A finite run has neither marks nor notes.
+    write_run(root / "fine", name="fine", max_steps=20, losses=[3.0, 2.0])
+    fine = report.training_figure(report.load(root / "fine")[0].runs, "fine").axes[0]
+    assert top_edge_marks(fine) == [] and list(fine.texts) == []
+
+
+def test_a_run_that_diverged_from_its_first_step_still_has_its_steps_on_the_axis(root: Path) -> None:
+    write_run(root / "dead", name="dead", max_steps=30, losses=[math.nan] * 3)
+    target, title = report.load(root / "dead")
+    loss_ax = report.line_figure(report.metric_series(target.runs, "loss"), "loss", title).axes[0]
+    assert [s for s, _ in top_edge_marks(loss_ax)] == [10.0, 20.0, 30.0]
+    low, high = loss_ax.get_xlim()
+    assert low <= 10 and high >= 30
+
+
+def test_learning_rate_and_gradient_norm_panels_beside_the_loss(root: Path) -> None:
+    sweep_dir, metrics = make_sweep(root, [{"optim.lr": lr} for lr in LRS], diverged={3: math.nan})
+    target, title = report.load(sweep_dir)
+    fig = report.training_figure(target.runs, title)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "learning rate", "gradient norm"]
+    for ax, key in zip(fig.axes, ("loss", "lr", "grad_norm"), strict=True):
+        lines = ax.get_lines()
+        assert [line.get_label() for line in lines][:3] == [f"optim.lr={lr}" for lr in LRS[:3]]
+        for line, rows in zip(lines, metrics, strict=True):
+            assert same_floats(line.get_ydata(), [r[key] for r in rows])
+    loss_ax, lr_ax, grad_ax = fig.axes
+    assert lr_ax.get_yscale() == "log"  # peak rates 1e-4 .. 3e-3 span 30x
+    assert grad_ax.get_yscale() == "linear" and loss_ax.get_yscale() == "linear"
+    assert [s for s, _ in top_edge_marks(loss_ax)] == [20.0, 30.0]  # point 3's nan losses
+    assert lr_ax.get_shared_x_axes().joined(lr_ax, loss_ax)
+
+
+def test_learning_rates_within_10x_stay_on_a_linear_axis(root: Path) -> None:
+    sweep_dir, _ = make_sweep(root, [{"optim.lr": lr} for lr in ("1e-3", "3e-3")])
+    target, title = report.load(sweep_dir)
+    # Within one run the rate falls 10x (warm-up and decay); only the runs' peaks are compared.
+    assert report.training_figure(target.runs, title).axes[1].get_yscale() == "linear"
+
+
+def test_a_run_root_is_one_figure_overlaying_its_runs(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_sweep(root, [{"optim.lr": lr} for lr in LRS], no_metrics=(2,))
+    write_run(root / "solo", name="solo", max_steps=20, losses=[3.0, 2.5])
+    assert report.main([str(root)]) == 0
+    assert capsys.readouterr().out.splitlines() == [str(root / "loss.png"), str(root / "tokens_per_s.png")]
+    target, title = report.load(root)
+    assert title == root.name
+    loss_ax = report.training_figure(target.runs, title).axes[0]
+    assert [line.get_label() for line in loss_ax.get_lines()] == ["point 0", "point 1", "point 3", "solo"]
+
+
+def test_a_diverged_sweep_point_is_on_the_final_loss_plot(root: Path) -> None:
+    sweep_dir, metrics = make_sweep(root, [{"optim.lr": lr} for lr in LRS], diverged={3: math.inf})
+    target, title = report.load(sweep_dir)
+    assert target.sweep is not None
+    ax = report.final_loss_figure(report.final_losses(target.sweep, target.runs, "optim.lr"), "optim.lr",
+                                  title).axes[0]
+    [line] = ax.get_lines()
+    assert list(line.get_xdata()) == [float(lr) for lr in LRS[:3]]
+    assert [s for s, _ in top_edge_marks(ax)] == [float(LRS[3])]
+    assert "inf" in [t.get_text() for t in ax.texts]
+    assert ax.get_xlim()[1] >= float(LRS[3])
+
+
+def test_metrics_written_by_the_training_side_are_plotted(root: Path) -> None:
+    run = root / "r"
+    write_run(run, name="r", max_steps=20)
+    rows = [{"step": 10, "loss": 4.0, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1.0, "tokens": 1},
+            {"step": 20, "loss": math.nan, "lr": 1e-3, "grad_norm": math.inf, "tokens_per_s": 1.0, "tokens": 2}]
+    (run / "metrics.jsonl").write_text("".join(metrics_file.encode_row(r) + "\n" for r in rows))
+    fig = report.training_figure(report.load(run)[0].runs, "r")
+    assert [s for s, _ in top_edge_marks(fig.axes[0])] == [20.0]
+    assert [s for s, _ in top_edge_marks(fig.axes[2])] == [20.0]
+
+
 def test_main_writes_pngs_into_each_dir(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep_dir, _ = make_sweep(root, [{"optim.lr": lr} for lr in LRS])
     single = root / "single run"
@@ -105,16 +224,17 @@ def test_main_writes_pngs_into_each_dir(root: Path, capsys: pytest.CaptureFixtur
     expected = [sweep_dir / "loss.png", sweep_dir / "tokens_per_s.png", sweep_dir / "final_loss_vs_optim.lr.png",
                 single / "loss.png", single / "tokens_per_s.png"]
     assert printed == [str(p) for p in expected]
-    width, height = report.FIGSIZE_IN
     for path in expected:
+        width, height = report.TRAINING_FIGSIZE_IN if path.name == "loss.png" else report.FIGSIZE_IN
         assert png_size(path) == (width * report.DPI, height * report.DPI)
 
 
-@pytest.mark.parametrize("case", ["run root", "no metrics", "missing"])
+@pytest.mark.parametrize("case", ["no runs", "no metrics", "missing"])
 def test_bad_input_is_one_line_and_exit_2(root: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
     write_run(root / "fresh", name="fresh", max_steps=5)
     write_run(root / "done", name="done", max_steps=10, losses=[2.0])
-    target = {"run root": root, "no metrics": root / "fresh", "missing": root / "nope"}[case]
+    (root / "empty").mkdir()
+    target = {"no runs": root / "empty", "no metrics": root / "fresh", "missing": root / "nope"}[case]
     assert report.main([str(root / "done"), str(target)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1

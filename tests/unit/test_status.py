@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from launcher import accounting, status
+from launcher import accounting, metrics_file, status
 from launcher.sweepdir import Point, Sweep, save_sweep
 from tests.conftest import ROOT
 
@@ -89,15 +89,17 @@ def sacct_line(job_id: str, state: str, elapsed_s: int, gpus: int, cpus: int) ->
 
 def write_run(run_dir: Path, *, name: str, max_steps: int, cluster: dict[str, Any] | None = None,
               losses: list[float] | None = None, jobs: list[str] | None = None, checkpoints: dict[int, bool] | None = None,
-              torn_tail: bool = False) -> list[dict[str, Any]]:
-    """A run directory as the training side leaves it; returns the metrics rows written."""
+              torn_tail: bool = False, lr: float = 1e-3) -> list[dict[str, Any]]:
+    """A run directory as the training side leaves it; returns the metrics rows written (the learning rate falls
+    linearly from `lr` to lr / 10, the gradient norm from 1)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {"run": {"name": name}, "trainer": {"max_steps": max_steps}, "cluster": cluster}
     (run_dir / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
-    rows = [{"step": 10 * (i + 1), "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1000.0 + 37 * i,
-             "tokens": 4096 * (i + 1)} for i, loss in enumerate(losses or [])]
+    n = len(losses or [])
+    rows = [{"step": 10 * (i + 1), "loss": loss, "lr": lr * (1 - 0.9 * i / max(n - 1, 1)), "grad_norm": 1.0 / (i + 1),
+             "tokens_per_s": 1000.0 + 37 * i, "tokens": 4096 * (i + 1)} for i, loss in enumerate(losses or [])]
     if rows or torn_tail:
-        text = "".join(json.dumps(r) + "\n" for r in rows)
+        text = "".join(metrics_file.encode_row(r) + "\n" for r in rows)
         (run_dir / "metrics.jsonl").write_text(text + ('{"step": 99, "lo' if torn_tail else ""))
     if jobs is not None:
         (run_dir / "jobs.txt").write_text("".join(f"{j}\n" for j in jobs))
@@ -255,6 +257,34 @@ def test_local_run_states(run_root: Path, slurm: FakeSlurm, capsys: pytest.Captu
     assert by_name["cut"]["step"] == 10 and by_name["cut"]["checkpoint_step"] == 10  # torn line, incomplete ckpt
     assert all(r["job"] == "local" and r["gpu_hours"] is None and r["cpu_hours"] is None for r in out["rows"])
     assert slurm.calls() == []
+
+
+@pytest.mark.parametrize(("value", "text"), [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")])
+def test_a_diverged_run_says_so_in_text_and_json(run_root: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str],
+                                                 value: float, text: str) -> None:
+    # Finished (a checkpoint at max_steps) with a loss that went non-finite at step 20 and stayed so.
+    write_run(run_root / "dead", name="dead", max_steps=30, losses=[3.0, value, value], checkpoints={30: True})
+    write_run(run_root / "fresh", name="fresh", max_steps=30)
+    assert status.main([str(run_root), "--json"]) == 0
+    printed = capsys.readouterr().out
+
+    def refuse(token: str) -> Any:
+        raise AssertionError(f"status --json printed {token}, which is not JSON")
+
+    by_name = {r["name"]: r for r in json.loads(printed, parse_constant=refuse)["rows"]}
+    dead, fresh = by_name["dead"], by_name["fresh"]
+    assert dead["state"] == "finished" and dead["loss"] == text and dead["loss_nonfinite_since"] == 20
+    assert fresh["loss"] is None and fresh["loss_nonfinite_since"] is None  # "no data yet" reads differently
+    [line] = [line for line in render(run_root).splitlines() if line.startswith("dead")]
+    assert f"finished, loss {text} since step 20" in line and f" {text} " in line.split("since step 20")[1]
+
+
+def test_a_run_that_recovered_from_a_non_finite_loss_is_not_flagged(run_root: Path, slurm: FakeSlurm,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    write_run(run_root / "r", name="r", max_steps=30, losses=[3.0, float("nan"), 2.5], checkpoints={30: True})
+    [row] = run_json(capsys, str(run_root / "r"))["rows"]
+    assert row["loss"] == 2.5 and row["loss_nonfinite_since"] is None
+    assert "since step" not in render(run_root / "r")
 
 
 def test_run_root_rows_take_job_ids_from_its_sweeps(run_root: Path, slurm: FakeSlurm,
