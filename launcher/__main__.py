@@ -5,11 +5,13 @@ from __future__ import annotations
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from launcher import hydra_errors
 from launcher.dispatch import dispatch
 from launcher.errors import EXIT_BAD_INPUT, ConfigError, SweepExit
+from launcher.overrides import typed_as
 from launcher.schema import register
 
 _composed = False
@@ -21,7 +23,8 @@ def _hydra_main(cfg: DictConfig) -> int:
     _composed = True
     hydra_errors.release()
     try:
-        code = dispatch(cfg)
+        with typed_as(HydraConfig.get().overrides.task):
+            code = dispatch(cfg)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

@@ -11,18 +11,24 @@ from omegaconf import DictConfig
 def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
     """Run one composed config. `argv` is the command that reproduces it (a sweep point's own overrides)."""
     from launcher import plan as planning
-    from launcher import rundir
+    from launcher import resume_checks, rundir
 
     plan = planning.make_plan(cfg)
     if plan.mode == "prepare" and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
         # A requeued sbatch script runs this again: resume what the first attempt saved, whatever it was told.
         cfg.run.resume, cfg.run.overwrite = True, False
-    rundir.check_run_dir(cfg, plan.run_dir, plan.world_size)
+    resume_checks.check_run_dir(cfg, plan.run_dir, plan.world_size)
     if plan.mode != "prepare":
         from launcher.slurm import refuse_live_jobs
 
         refuse_live_jobs(plan.run_dir)
     print(plan.summary(), file=sys.stderr)
+    done = resume_checks.finished_step(cfg, plan.run_dir)
+    if done is not None and plan.mode != "prepare" and not plan.refusal:
+        # Nothing to train: start no rank, submit nothing and leave the run directory as it is.
+        print(f"nothing to do: {plan.run_dir} is already at step {done} of trainer.max_steps="
+              f"{cfg.trainer.max_steps} (raise trainer.max_steps to train on)", file=sys.stderr)
+        return 0
     if plan.refusal:
         from launcher.errors import EXIT_BAD_INPUT
 

@@ -49,24 +49,53 @@ def take() -> str:
 
 
 def _suggest(key: str) -> str:
-    import difflib
-    import typing
-
     from launcher import key_checks, schema
 
     cls: type = schema.Config
     *parents, leaf = key.split(".")
     for part in parents:
-        hint = typing.get_type_hints(cls, vars(schema)).get(part)
+        hint = key_checks._hints(cls).get(part)
         sub = key_checks._section_type(hint) if hint is not None else None
         if sub is None:
             return ""
         cls = sub
-    close = difflib.get_close_matches(leaf, list(typing.get_type_hints(cls, vars(schema))), n=1)
-    return f"did you mean {'.'.join([*parents, close[0]])}? " if close else ""
+    close = key_checks.close_key(leaf, list(key_checks._hints(cls)))
+    return f"did you mean {'.'.join([*parents, close])}? " if close else ""
+
+
+_YAML_ERROR = re.compile(r"(?:yaml\.\w+\.)?(?:Scanner|Parser|Composer|Constructor|Reader)Error: ?(.*)")
+_MARK = re.compile(r'in "([^"]+)", line (\d+), column (\d+)')
+YAML_FIX = "fix the YAML there (a missing bracket, quote or colon, or a wrong indentation)"
+
+
+def yaml_syntax(text: str) -> str | None:
+    """A YAML parser's error (in a traceback or alone) as `FILE, line L, column C: what it expected`, or None."""
+    lines = [line.strip() for line in text.splitlines()]
+    start = next((i for i, line in enumerate(lines) if _YAML_ERROR.match(line)), None)
+    if start is None:
+        return None
+    first = _YAML_ERROR.match(lines[start])
+    assert first is not None
+    parts: list[str] = []
+    marks: list[tuple[str, ...]] = []
+    for line in [first.group(1), *lines[start + 1 :]]:
+        mark = _MARK.fullmatch(line)
+        if mark:
+            marks.append(mark.groups())
+        elif line and not line.startswith(("Traceback", "File ", "^", "During handling", "The above exception")):
+            parts.append(line.rstrip(":"))
+    what = ", ".join(parts) or "not valid YAML"
+    if not marks:
+        return what
+    file, line, column = marks[0]
+    later = [f"line {m[1]}, column {m[2]}" for m in marks[1:] if m[1:] != marks[0][1:]]
+    return f"{file}, line {line}, column {column}: {what}" + (f" ({later[-1]})" if later else "")
 
 
 def one_line(text: str) -> str:
+    syntax = yaml_syntax(text)
+    if syntax is not None:
+        return f"error: YAML syntax error in {syntax}: {YAML_FIX}"
     lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line and not line.startswith(_NOISE)]
     if not lines:
@@ -107,4 +136,16 @@ def one_line(text: str) -> str:
                 "range(start,stop[,step]) or choice(a,b)")
     if len(lines) > 1 and lines[-1].startswith("See https://hydra.cc"):
         return f"error: {'; '.join(lines[:-1])}: write overrides as key=value ({lines[-1][4:]})"
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return f"error: {_last_exception(lines)}: check the files that --config-dir and the overrides name"
     return "error: " + "; ".join(lines)
+
+
+def _last_exception(lines: list[str]) -> str:
+    """The last exception of a traceback, without the frames: `SomeError: what happened`."""
+    frames = re.compile(r"^(File |\^+$|Traceback|During handling|The above exception)")
+    heads = [i for i, line in enumerate(lines) if re.match(r"^[\w.]+(Error|Exception)\b:?", line)]
+    if not heads:
+        return "; ".join(line for line in lines if not frames.match(line))[-300:]
+    tail = [line for line in lines[heads[-1] :] if not frames.match(line)]
+    return "; ".join(tail)[:300]

@@ -34,6 +34,27 @@ def check_run_root(cfg: DictConfig) -> None:
                           "run.root at a directory you can write")
 
 
+TEXT_PROBE_BYTES = 64 * 1024
+TEXT_HINT = ("looks like UTF-8 text, not token ids: tokenize it into a file of token ids first (data=tokens reads "
+             "the ids as numpy writes them with ndarray.tofile; see the README's data section)")
+
+
+def looks_like_text(file: Path) -> bool:
+    """The file's head decodes as UTF-8 and is mostly printable characters and whitespace."""
+    with file.open("rb") as f:
+        head = f.read(TEXT_PROBE_BYTES)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:  # not just a character cut at the end of the probe
+            return False
+        text = head[: err.start].decode("utf-8")
+    if not text:
+        return False
+    printable = sum(1 for c in text if c.isprintable() or c in "\n\r\t")
+    return printable / len(text) >= 0.95
+
+
 def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int) -> str | None:
     """Why the token file can't be trained on (the message's middle), or None."""
     import numpy as np
@@ -50,6 +71,8 @@ def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int) -> 
     if size == 0:
         return "is empty"
     if size % itemsize:
+        if looks_like_text(file):
+            return TEXT_HINT
         return (f"is {size} bytes, not a whole number of data.dtype={dtype} tokens ({itemsize} bytes each): is "
                 "data.dtype right?")
     if size // itemsize < seq_len + 1:
@@ -66,6 +89,8 @@ def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int) -> 
     low = min(int(w.min()) for w in windows)
     high = max(int(w.max()) for w in windows)
     if low < 0 or high >= vocab_size:
+        if looks_like_text(file):
+            return TEXT_HINT
         bad = high if high >= vocab_size else low
         return (f"holds token id {bad}, outside the vocabulary of model.vocab_size={vocab_size}: is data.dtype "
                 f"right, or does the model need model.vocab_size>{high}?")

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher import schema
 from launcher.errors import ConfigError
+from launcher.overrides import override_key, typed_for
 
 CHOICES = {
     "model.position": ("rope", "learned"),
@@ -66,16 +67,42 @@ def _missing(node: DictConfig, cls: type, prefix: str) -> None:
             raise ConfigError(f"{name} has no value: set {name}=VALUE")
 
 
+def _similar(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def close_key(typed: str, keys: list[str]) -> str | None:
+    """The declared key `typed` most likely misspells, or None. Close in spelling as a whole (max_step,
+    microbatch_size) or word by word (batch_size for micro_batch_size); a shared word alone is not enough
+    (eval_every is not log_every)."""
+    words = [w for w in typed.split("_") if w]
+    for key in difflib.get_close_matches(typed, keys, n=5, cutoff=0.6):
+        if _similar(typed.replace("_", ""), key.replace("_", "")) >= 0.85:
+            return key
+        theirs = [w for w in key.split("_") if w]
+        if all(any(_similar(w, t) >= 0.75 for t in theirs) for w in words):
+            return key
+    return None
+
+
+def unknown_key_error(name: str, close: str | None) -> ConfigError:
+    """`name` is not declared: quote the override as typed (or say it came from a YAML file)."""
+    typed = typed_for(name)
+    shown = override_key(typed) if typed and override_key(typed).startswith(name) else name
+    hint = f"did you mean {close}? " if close else ""
+    fix = f"drop {typed}" if typed else f"remove {name} from the YAML file that sets it"
+    return ConfigError(f"{shown} is not a slurmtrain key: {hint}{fix} (`python -m launcher --cfg job` lists every "
+                       "key)")
+
+
 def _unknown(node: DictConfig, cls: type, prefix: str) -> None:
     hints = _hints(cls)
     _missing(node, cls, prefix)
     for key in map(str, node.keys()):
         name = f"{prefix}{key}"
         if key not in hints:
-            close = difflib.get_close_matches(str(key), list(hints), n=1)
-            hint = f"did you mean {prefix}{close[0]}? " if close else ""
-            raise ConfigError(f"{name} is not a slurmtrain key: {hint}drop +{name}=... "
-                              "(`python -m launcher --cfg job` lists every key)")
+            close = close_key(key, list(hints))
+            raise unknown_key_error(name, f"{prefix}{close}" if close else None)
         sub = _section_type(hints[key])
         value = node._get_node(key)  # type: ignore[union-attr]
         if sub is not None and isinstance(value, DictConfig) and not value._is_none():

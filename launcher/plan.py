@@ -21,6 +21,7 @@ from launcher.cluster_checks import validate_cluster
 from launcher.errors import ConfigError
 from launcher.estimate import GB, ModelShape
 from launcher.fit import Budget, Fit, budget, check_fit, scaled_lr
+from launcher.group_names import settle_names
 from launcher.hf_config import HF_TARGET, apply_hf_config
 from launcher.input_checks import check_inputs
 from launcher.key_checks import check_keys
@@ -193,15 +194,20 @@ NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference
                     "data._target_": None, "data.args": {}}
 
 
-def derived_run_name(cfg: DictConfig) -> str:
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
+def training_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The settings that decide what is trained: the resolved config less NAME_EXCLUDED (and NAME_ONLY_IF_SET keys
+    at their defaults). Their hash names the run; a run directory resumes only with the same ones."""
+    data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     for key, default in NAME_ONLY_IF_SET.items():
         if OmegaConf.select(cfg, key, default=default) == default:
             _drop(data, key)
     for key in NAME_EXCLUDED:
         _drop(data, key)
-    digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
+    return data
+
+
+def derived_run_name(cfg: DictConfig) -> str:
+    digest = hashlib.sha1(json.dumps(training_settings(cfg), sort_keys=True).encode()).hexdigest()[:8]
     return f"{cfg.model.name}-{cfg.strategy.name}-{cfg.precision.name}-{digest}"
 
 
@@ -301,6 +307,7 @@ def model_shape(cfg: DictConfig) -> tuple[ModelShape | None, str]:
 def make_plan(cfg: DictConfig) -> Plan:
     """Validate cfg and fill in the derived values in place (world size, accumulation, run name)."""
     check_keys(cfg)
+    settle_names(cfg)
     if cfg.cluster is not None:
         validate_cluster(cfg)
     world = world_size(cfg)

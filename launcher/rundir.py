@@ -17,8 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import OmegaConfDumper
 
 from launcher.errors import ConfigError
-from launcher.plan import Plan, derived_run_name
-from train import ckpt_layout as layout
+from launcher.plan import Plan
 
 PACKAGES = ("slurmtrain", "torch", "hydra-core", "omegaconf", "submitit", "deepspeed", "wandb", "numpy")
 
@@ -47,35 +46,6 @@ def _git_revision() -> str | None:
     if rev.returncode:
         return None
     return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
-    """Re-using a run directory means resuming it. Refuse a different experiment, and never start over on top
-    of checkpoints unless told to (run.overwrite=true)."""
-    existing = run_dir / "config.yaml"
-    if not existing.is_file() or cfg.run.overwrite:
-        return
-    old = OmegaConf.load(existing)
-    old_name, new_name = derived_run_name(old), derived_run_name(cfg)  # type: ignore[arg-type]
-    if old_name.rsplit("-", 1)[-1] != new_name.rsplit("-", 1)[-1]:
-        raise ConfigError(
-            f"{run_dir} holds a run with different training settings: pick another run.name (or run.root), "
-            "or add run.overwrite=true to delete it"
-        )
-    latest = layout.latest_complete_checkpoint(run_dir)
-    if not cfg.run.resume and latest is not None:
-        raise ConfigError(
-            f"{run_dir} has a checkpoint at step {latest.step} and run.resume=false: add run.overwrite=true to "
-            "delete it and start over, or pick another run.name"
-        )
-    if latest is not None and cfg.run.resume and cfg.strategy.backend == "deepspeed":
-        saved_world = json.loads((latest.path / layout.MARKER).read_text()).get("world_size")
-        if saved_world != world:
-            raise ConfigError(
-                f"the checkpoint at step {latest.step} was written by {saved_world} ranks and DeepSpeed checkpoints "
-                f"resume only on {saved_world} ranks (this run has {world}): run with world size {saved_world}, or "
-                "use a DCP strategy (ddp, fsdp, fsdp_grad_op, hsdp) to change the world size"
-            )
 
 
 def clear_for_overwrite(run_dir: Path) -> None:

@@ -20,11 +20,12 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import rundir, slurm
+from launcher import resume_checks, rundir, slurm
 from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
 from launcher.metrics_file import read_metrics
+from launcher.overrides import override_key, typed_as
 from launcher.plan import Plan, make_plan
-from launcher.sweepdir import Array, Point, Sweep, load_sweep, override_key, save_sweep, swept_label
+from launcher.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
 from train import ckpt_layout as layout
 
 if TYPE_CHECKING:
@@ -112,7 +113,8 @@ def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], sw
         if not cfg.logger.group:
             cfg.logger.group = sweep_name  # each point its own wandb run, grouped by the sweep
     try:
-        plan = make_plan(cfg)
+        with typed_as(overrides):
+            plan = make_plan(cfg)
         if plan.refusal:
             raise ConfigError(plan.refusal)
     except ConfigError as err:
@@ -175,7 +177,7 @@ def classify(p: PointRun) -> None:
         p.action, p.detail, p.live_job = "live", f"still queued or running as job {live[-1]}: left alone", live[-1]
         return
     try:
-        rundir.check_run_dir(p.cfg, p.run_dir, p.plan.world_size)
+        resume_checks.check_run_dir(p.cfg, p.run_dir, p.plan.world_size)
     except ConfigError as err:
         raise ConfigError(f"sweep point {p.point.index} ({p.label}): {err}") from None
     resume = latest.step if (p.cfg.run.resume and latest is not None) else None

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.overrides import override_key
+
 SWEEP_FILE = "sweep.json"
 
 
@@ -64,10 +66,6 @@ def swept_label(overrides: list[str], swept: list[str]) -> str:
     """The swept values only (what tells the points apart), e.g. `optim.lr=1e-4 strategy=fsdp`."""
     keys = set(swept)
     return " ".join(o for o in overrides if override_key(o) in keys)
-
-
-def override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def is_sweep_dir(path: Path) -> bool:

@@ -7,6 +7,7 @@ conf/, model.py, data.py and the files the cases point at), several cases at onc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ class Case:
     args: tuple[str, ...]
     expect: str  # in the one error line: what is wrong and the fix
     env: dict[str, str] = field(default_factory=dict)
+    absent: str = ""  # must not be in the error line (a misleading suggestion)
 
 
 BYO = ("--config-dir", "conf")
@@ -131,6 +133,30 @@ CASES = [
     Case("parallel-tp-heads", ("local.nproc=2", "strategy=fsdp", "parallel.tp=2", "model.n_kv_heads=1",
                                "model.tie_embeddings=false"), "pick a tp that divides both"),
     Case("sweep-grammar", ("-m", "trainer.seed=1,[2"), "expecting {COMMA, BRACKET_CLOSE}: write overrides as"),
+    # -- names that would not say what trains; suggestions that point the wrong way ------------------------------
+    Case("optim-name", ("optim.name=sgd",), "optim.name=sgd is not an optimizer slurmtrain implements (one of adamw): "
+                                            "choose optim=adamw"),
+    Case("model-name-option", ("model.name=llama3_8b",), "choose the group, model=llama3_8b (not model.name=...)"),
+    Case("model-name-label", ("model.name=mine",), "name the run with run.name=mine"),
+    Case("data-name", ("data.name=foo",), "data.name=foo is not a data source slurmtrain reads (synthetic, tokens)"),
+    Case("data-name-option", ("data.name=tokens",), "choose the group, data=tokens (not data.name=...)"),
+    Case("strategy-name", ("strategy.name=fsdp",), "choose the group, strategy=fsdp (not strategy.name=...)"),
+    Case("new-key-unrelated", ("+trainer.eval_every=10",), "trainer.eval_every is not a slurmtrain key: drop "
+                                                           "+trainer.eval_every=10", absent="log_every"),
+    Case("new-section", ("+eval.every=10",), "eval.every is not a slurmtrain key: drop +eval.every=10",
+         absent="+eval="),
+    Case("key-unrelated", ("trainer.save_every=10",), "trainer.save_every is not a slurmtrain key: check the",
+         absent="log_every"),
+    Case("tokens-text", ("data=tokens", "data.path=corpus.txt"), "looks like UTF-8 text, not token ids: tokenize it"),
+    Case("project-yaml-syntax", (*BYO, "model=broken"), "conf/model/broken.yaml, line 3, column 13: while "
+         "parsing a flow sequence, expected ',' or ']', but got '}' (line 3, column 16): fix the YAML there"),
+    # -- run directories that hold a run ------------------------------------------------------------------------
+    Case("past-max-steps", ("run.name=done", "trainer.max_steps=50"), "is already at step 200 (its newest "
+                                                                      "checkpoint), past trainer.max_steps=50"),
+    Case("other-settings", ("run.name=done", "optim.lr=0.001"), "holds a run with other training settings "
+                                                                "(optim.lr: 0.003 -> 0.001): pick another run.name"),
+    Case("damaged-config", ("run.name=damaged",), "config.yaml is damaged (line 2, column 9: while parsing a flow "
+                                                  "sequence"),
 ]
 
 
@@ -145,6 +171,27 @@ def _snapshot(folder: Path) -> dict[str, str]:
     return out
 
 
+@functools.cache
+def _saved_config() -> str:
+    """config.yaml of a run of the default settings, as the launcher writes it."""
+    from omegaconf import OmegaConf
+
+    from launcher.compose import compose_and_plan
+    from launcher.rundir import config_yaml
+
+    cfg, _ = compose_and_plan(["run.name=done"])
+    return config_yaml(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+
+
+def _fake_run(run_dir: Path, config: str, step: int) -> None:
+    """A run directory with a complete checkpoint at `step` (what the launch checks read of it)."""
+    ckpt = run_dir / "checkpoints" / f"step_{step}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "COMPLETE").write_text(json.dumps({"step": step, "world_size": 1}))
+    (ckpt / "config.yaml").write_text(_saved_config())
+    (run_dir / "config.yaml").write_text(config)
+
+
 def _make_files(project: Path) -> None:
     np.arange(1000, dtype=np.uint16).tofile(project / "tokens.bin")
     np.arange(10, dtype=np.uint16).tofile(project / "short.bin")
@@ -154,6 +201,9 @@ def _make_files(project: Path) -> None:
     (project / "plain.json").write_text(json.dumps({"hidden_size": 8}))
     (project / "runs").mkdir()
     (project / "runs" / "keep.txt").write_text("a user's file\n")
+    _fake_run(project / "runs" / "done", _saved_config(), 200)
+    _fake_run(project / "runs" / "damaged", "model:\n  name: [tiny\n", 5)
+    (project / "conf" / "model" / "broken.yaml").write_text("name: broken\n_target_: model.ConvLM\nargs: {dim: [64}\n")
 
 
 def _submitted_from(base: Path, since: str) -> list[str]:
@@ -193,6 +243,7 @@ def _run(case: Case, base: Path) -> Outcome:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     base = tmp_path_factory.mktemp("bad_inputs")
+    _saved_config()  # composed once, before the threads (Hydra's global state is not thread-safe)
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
         results = dict(zip([c.id for c in CASES], pool.map(lambda c: _run(c, base), CASES), strict=True))
@@ -212,4 +263,5 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(case: Case, outcomes: 
     assert out.returncode == 2, out.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
     assert case.expect in lines[0], lines[0]
+    assert not case.absent or case.absent not in lines[0], lines[0]
     assert out.changed == [], out.changed

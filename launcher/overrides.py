@@ -1,0 +1,41 @@
+"""The overrides the user typed for the config being checked, so that a refusal quotes what was typed.
+
+Whoever composes a config sets them around its checks (`python -m launcher`: Hydra's task overrides; a sweep: each
+point's own). Configs composed elsewhere (tests, benchmarks) have none, and the checks fall back to key names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+_typed: tuple[str, ...] = ()
+
+
+@contextmanager
+def typed_as(overrides: Sequence[str]) -> Iterator[None]:
+    global _typed
+    before, _typed = _typed, tuple(str(o) for o in overrides)
+    try:
+        yield
+    finally:
+        _typed = before
+
+
+def override_key(override: str) -> str:
+    """`+trainer.foo=1` -> trainer.foo; `~model` -> model."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def typed_for(key: str) -> str | None:
+    """The typed override that set `key`, a key below it (`+eval.every=10` for eval) or its section; None when the
+    key came from a YAML file."""
+    for override in _typed:
+        name = override_key(override)
+        if name == key or name.startswith(f"{key}."):
+            return override
+    for override in _typed:
+        name = override_key(override)
+        if key.startswith(f"{name}.") and "=" in override and not override.split("=", 1)[1].isidentifier():
+            return override  # a whole section given as a value: +trainer={...}
+    return None

@@ -1,0 +1,124 @@
+"""Re-using a run directory means resuming it: checks of what the directory holds before anything is written.
+
+Refused, each with the safe way out first: a directory whose saved config is damaged (restore it from the newest
+checkpoint's copy), a run with other training settings (named, old and new values), a run already past
+`trainer.max_steps`, starting over on top of checkpoints without `run.overwrite=true`, and a DeepSpeed checkpoint
+on another world size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.errors import ConfigError
+from launcher.hydra_errors import yaml_syntax
+from launcher.plan import training_settings
+from train import ckpt_layout as layout
+
+# Sections every saved config has: a file without one of them was cut short or is not ours.
+REQUIRED = ("model", "data", "optim", "strategy", "precision", "trainer", "run")
+SHOWN_CHANGES = 4
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix.rstrip("."): data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return out
+
+
+def changed_settings(old: DictConfig, new: DictConfig) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, new value) for every training setting that differs; a key one side lacks is None."""
+    a, b = _flat(training_settings(old)), _flat(training_settings(new))
+    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+
+
+def _load_saved(path: Path, run_dir: Path) -> DictConfig:
+    """The saved config.yaml, or one line saying it is damaged and how to restore it."""
+    try:
+        old = OmegaConf.load(path)
+        if not isinstance(old, DictConfig):
+            raise ValueError("it is not a mapping of sections")
+        missing = [s for s in REQUIRED if not isinstance(old.get(s), DictConfig)]
+        if missing:
+            raise ValueError(f"it has no {missing[0]} section")
+        training_settings(old)  # every interpolation resolves
+        return old
+    except Exception as err:  # noqa: BLE001 - whatever the damage, the user gets one line and the way out
+        text = str(err).strip()
+        syntax = yaml_syntax(f"yaml.parser.ParserError: {text}") if isinstance(err, yaml.YAMLError) else None
+        reason = syntax.replace(f"{path}, ", "") if syntax else text.splitlines()[0] if text else type(err).__name__
+    copies = [c for c in layout.list_checkpoints(run_dir) if c.complete and (c.path / "config.yaml").is_file()]
+    if copies:
+        fix = f"restore it from the newest checkpoint's copy (cp {copies[-1].path / 'config.yaml'} {path})"
+    else:
+        fix = "delete it (no checkpoint of this run holds a copy: the run starts over)"
+    raise ConfigError(f"{path} is damaged ({reason[:160]}): {fix}, or pick another run.name") from None
+
+
+def _show(value: Any) -> str:
+    return "(unset)" if value is None else json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def _differs(run_dir: Path, changes: list[tuple[str, Any, Any]]) -> ConfigError:
+    shown = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in changes[:SHOWN_CHANGES])
+    more = f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
+    keys = {k for k, _, _ in changes}
+    hints = []
+    if "trainer.global_batch_size" in keys:
+        old = next(a for k, a, _ in changes if k == "trainer.global_batch_size")
+        hints.append(f"to resume on another world size keep trainer.global_batch_size={old} (the accumulation is "
+                     "re-derived)")
+    hints.append("to resume it go back to the saved values (trainer.max_steps, trainer.log_every, "
+                 "trainer.ckpt_every, the layout and the cluster may change on resume)")
+    return ConfigError(
+        f"{run_dir} holds a run with other training settings ({shown}{more}): pick another run.name (or run.root) to "
+        f"train these settings apart; {'; '.join(hints)}; run.overwrite=true deletes its checkpoints and starts over"
+    )
+
+
+def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
+    existing = run_dir / "config.yaml"
+    if not existing.is_file() or cfg.run.overwrite:
+        return
+    old = _load_saved(existing, run_dir)
+    changes = changed_settings(old, cfg)
+    if changes:
+        raise _differs(run_dir, changes)
+    latest = layout.latest_complete_checkpoint(run_dir)
+    if latest is None:
+        return
+    if not cfg.run.resume:
+        raise ConfigError(
+            f"{run_dir} has a checkpoint at step {latest.step} and run.resume=false: pick another run.name to start "
+            "a new run, or add run.overwrite=true to delete it and start over"
+        )
+    if latest.step > cfg.trainer.max_steps:
+        raise ConfigError(
+            f"{run_dir} is already at step {latest.step} (its newest checkpoint), past trainer.max_steps="
+            f"{cfg.trainer.max_steps}: set trainer.max_steps above {latest.step} to train on, or pick another "
+            "run.name for a new run"
+        )
+    if cfg.strategy.backend == "deepspeed":
+        saved_world = json.loads((latest.path / layout.MARKER).read_text()).get("world_size")
+        if saved_world != world:
+            raise ConfigError(
+                f"the checkpoint at step {latest.step} was written by {saved_world} ranks and DeepSpeed checkpoints "
+                f"resume only on {saved_world} ranks (this run has {world}): run with world size {saved_world}, or "
+                "use a DCP strategy (ddp, fsdp, fsdp_grad_op, hsdp) to change the world size"
+            )
+
+
+def finished_step(cfg: DictConfig, run_dir: Path) -> int | None:
+    """The step of a run that already reached trainer.max_steps (nothing to train), else None."""
+    if not cfg.run.resume or cfg.run.overwrite or not (run_dir / "config.yaml").is_file():
+        return None
+    latest = layout.latest_complete_checkpoint(run_dir)
+    return latest.step if latest is not None and latest.step >= cfg.trainer.max_steps else None
