@@ -8,6 +8,7 @@ directory that `from_pretrained` loads. Writes to RUN_DIR/export/ unless --out s
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -55,12 +56,42 @@ def export(run_dir: Path, step: int | None, fmt: str, out: str | None) -> Path:
     path = output_path(run_dir, checkpoint.step, fmt, out)
     from train import export as consolidate
 
+    tied = tied_weights(cfg) if fmt == "safetensors" else []  # save_pretrained finds them itself
     state = consolidate.load_model_state(checkpoint.path)
     if fmt == "safetensors":
-        consolidate.save_safetensors(state, path, {"step": str(checkpoint.step), "model": str(cfg.model.name)})
+        consolidate.save_safetensors(state, path, {"step": str(checkpoint.step), "model": str(cfg.model.name)},
+                                     tied)
     else:
         consolidate.save_hf(state, cfg.model.config_path, path)
+    follow_umask(path)
     return path
+
+
+def tied_weights(cfg: DictConfig) -> list[list[str]]:
+    """The run's tied weights, from its model built on the meta device; a model whose code can't be imported
+    here is refused (naming the fix), one that can't be built on the meta device is exported without."""
+    from train import export as consolidate
+
+    try:
+        return consolidate.tied_groups(cfg.model)
+    except ConfigError as err:
+        raise ConfigError(f"finding the model's tied weights: {err}") from None
+    except Exception as err:  # the user's model code: the export goes on, each tensor under every name
+        cause = err.__cause__ or err
+        reason = f"{type(cause).__name__}: {cause}".splitlines()[0]
+        print(f"warning: building the model on the meta device failed ({reason}), so tied weights are stored "
+              "under each of their names: load the file with model.load_state_dict(safetensors.torch.load_file("
+              "PATH))", file=sys.stderr)
+        return []
+
+
+def follow_umask(path: Path) -> None:
+    """Give what export wrote the mode that open() and mkdir() give under the user's umask, as every other file
+    of a run has: safetensors writes its files 0600 (through a temporary file), whatever the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for written in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        written.chmod((0o777 if written.is_dir() else 0o666) & ~mask)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,13 +58,47 @@ def load_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
     return load_deepspeed_model(step_dir)
 
 
-def save_safetensors(state: dict[str, torch.Tensor], out: Path, metadata: dict[str, str]) -> None:
+def tied_groups(model_cfg: Any) -> list[list[str]]:
+    """The state-dict names that are one tensor in the model (tied weights: an output layer sharing the input
+    embedding), each group sorted. The checkpoint can't tell: it loads them as separate, equal tensors. The model
+    built on the meta device (no memory, no weights) can."""
+    from train.build import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_cfg)
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        # One tensor: the same storage seen the same way (a view of part of it is another tensor).
+        view = (tensor.untyped_storage()._cdata, tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        groups.setdefault(view, []).append(name)
+    return [sorted(names) for names in groups.values() if len(names) > 1]
+
+
+def store_once(state: dict[str, torch.Tensor], groups: list[list[str]]) -> tuple[dict[str, torch.Tensor],
+                                                                                   dict[str, str]]:
+    """The state with each tied group under its first name only, as `safetensors.torch.save_model` keeps it (so
+    `load_model` takes the file), and {dropped name: kept name}, which save_model writes into the metadata."""
+    kept = dict(state)
+    aliases: dict[str, str] = {}
+    for group in groups:
+        present = [name for name in group if name in state]
+        for name in present[1:]:
+            if not torch.equal(state[name], state[present[0]]):
+                raise ValueError(f"{name} and {present[0]} are tied in the model but differ in the checkpoint")
+            del kept[name]
+            aliases[name] = present[0]
+    return kept, aliases
+
+
+def save_safetensors(state: dict[str, torch.Tensor], out: Path, metadata: dict[str, str],
+                     tied: list[list[str]]) -> None:
     from safetensors.torch import save_file
 
-    # Tied weights come back as separate, equal tensors: each is stored (safetensors refuses shared storage).
+    state, aliases = store_once(state, tied)
+    # clone: safetensors refuses tensors that share storage (a DeepSpeed state's, say).
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata=metadata)
+    save_file(tensors, str(out), metadata={**aliases, **metadata})
 
 
 def save_hf(state: dict[str, torch.Tensor], config_path: str, out: Path) -> None:

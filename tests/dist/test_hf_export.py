@@ -1,11 +1,19 @@
 """model=hf_causal_lm from a local config trains with fsdp on 2 ranks; `python -m launcher.export` turns the
-2-rank checkpoint into a Hugging Face directory and a safetensors file that reproduce the trained model."""
+2-rank checkpoint into a Hugging Face directory and a safetensors file that reproduce the trained model. Tied
+weights (ours by default, a Hugging Face config with tie_word_embeddings) are stored once, so each format loads
+with its library's own loader as the README shows; what export writes follows the user's umask."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,25 +30,40 @@ RUNS = {
     "hf": ["model=hf_causal_lm", f"model.config_path={HF_CONFIG}", "strategy=fsdp", "trainer.max_steps=12"],
     # Ours, with tied embeddings and activation checkpointing's wrapper names in the saved keys.
     "ours": ["model=tiny", "strategy=fsdp", "strategy.activation_checkpointing=true", "trainer.max_steps=3"],
+    # A Hugging Face model whose output layer shares the input embedding (config path filled in by the fixture).
+    "hf_tied": ["model=hf_causal_lm", "strategy=fsdp", "trainer.max_steps=3"],
 }
+TIED = {"ours": ("embed.weight", "lm_head.weight"), "hf_tied": ("lm_head.weight", "model.embed_tokens.weight")}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("hf_runs")
-    mp.spawn(train_and_dump_full_model, args=(2, free_port(), str(out), RUNS), nprocs=2)
+    tied_config = json.loads((HF_CONFIG / "config.json").read_text()) | {"tie_word_embeddings": True}
+    (out / "tied_llama").mkdir()
+    (out / "tied_llama" / "config.json").write_text(json.dumps(tied_config))
+    runs = {**RUNS, "hf_tied": [*RUNS["hf_tied"], f"model.config_path={out / 'tied_llama'}"]}
+    mp.spawn(train_and_dump_full_model, args=(2, free_port(), str(out), runs), nprocs=2)
     return out
 
 
-def export(*args: str) -> subprocess.CompletedProcess[str]:
+def export(*args: str, umask: int = -1) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "launcher.export", *args], capture_output=True, text=True,
-                          env=launcher_env(), timeout=300)
+                          env=launcher_env(), timeout=300, umask=umask)
+
+
+def reference(trained: Path, name: str) -> dict[str, Any]:
+    return torch.load(trained / name / "reference.pt")  # type: ignore[no-any-return]
+
+
+def last_step(trained: Path, name: str) -> int:
+    return max(reference(trained, name)["losses"])
 
 
 def test_hf_model_trains_with_fsdp_and_its_export_gives_the_same_logits(trained: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    ref = torch.load(trained / "hf" / "reference.pt")
+    ref = reference(trained, "hf")
     losses = ref["losses"]
     assert losses[12] < 0.8 * losses[1], losses  # it learns
     out = export(str(trained / "hf"), "--format", "hf")
@@ -57,25 +80,123 @@ def test_hf_model_trains_with_fsdp_and_its_export_gives_the_same_logits(trained:
     assert again.returncode == 2 and "exists" in again.stderr and again.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("name", ["hf", "ours"])
-def test_safetensors_of_a_2_rank_fsdp_checkpoint_loads_into_one_process(trained: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ["hf", "ours", "hf_tied"])
+def test_safetensors_of_a_2_rank_fsdp_checkpoint_loads_with_load_model(trained: Path, name: str) -> None:
+    """safetensors.torch.load_model, the library's loader for models with shared tensors, takes the file strictly;
+    a tied tensor is stored once, under the name save_model keeps, and the file's metadata names the other."""
     from omegaconf import OmegaConf
-    from safetensors.torch import load_file
+    from safetensors import safe_open
+    from safetensors.torch import load_model
 
-    from train.build import build_model
+    from train.build import build_model, logits_of
 
-    ref = torch.load(trained / name / "reference.pt")
-    out = export(str(trained / name), "--format", "safetensors", "--out", str(trained / f"{name}.safetensors"))
+    ref = reference(trained, name)
+    path = trained / f"{name}.safetensors"
+    out = export(str(trained / name), "--format", "safetensors", "--out", str(path))
     assert out.returncode == 0, out.stderr[-3000:]
-    weights = load_file(str(trained / f"{name}.safetensors"))
-    step = max(ref["losses"])
-    cfg = OmegaConf.load(trained / name / "checkpoints" / f"step_{step}" / "config.yaml")
-    model = build_model(cfg.model)  # one process, no wrapper
-    model.load_state_dict(weights, strict=True)
+    cfg = OmegaConf.load(trained / name / "checkpoints" / f"step_{last_step(trained, name)}" / "config.yaml")
+    model = build_model(cfg.model).eval()  # one process, no wrapper
+    load_model(model, str(path), strict=True)
     mine = model.state_dict()
     assert sorted(mine) == sorted(ref["state"])
     for key, value in ref["state"].items():
         assert torch.equal(mine[key], value), key
+    with torch.no_grad():
+        torch.testing.assert_close(logits_of(model(ref["tokens"])), ref["logits"], rtol=1e-5, atol=1e-5)
+    with safe_open(str(path), "pt") as f:
+        keys, metadata = set(f.keys()), f.metadata()
+    if name in TIED:
+        kept, dropped = TIED[name]
+        assert kept in keys and dropped not in keys and metadata[dropped] == kept
+        assert mine[kept].data_ptr() == mine[dropped].data_ptr()  # loaded tied
+    else:
+        assert keys == set(mine)
+    assert metadata["step"] == str(last_step(trained, name))
     if name == "ours":  # the run also refuses --format hf, naming the right one
         wrong = export(str(trained / name), "--format", "hf")
         assert wrong.returncode == 2 and "use --format safetensors" in wrong.stderr
+
+
+def readme_export_examples() -> dict[str, str]:
+    """The README's Python examples for loading an export, by the format they load."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("**Export**"):]
+    section = section[:section.index("\n## ")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    found = {"hf" if "from_pretrained" in block else "safetensors": block for block in blocks}
+    assert sorted(found) == ["hf", "safetensors"], blocks
+    return found
+
+
+def test_readme_examples_load_a_tied_exports_of_each_format(trained: Path) -> None:
+    """The README's own code, with its example run directory and step replaced by this run's."""
+    ref = reference(trained, "hf_tied")
+    step = last_step(trained, "hf_tied")
+    for fmt in ("hf", "safetensors"):
+        out = export(str(trained / "hf_tied"), "--format", fmt)
+        assert out.returncode == 0, out.stderr[-3000:]
+    for fmt, code in readme_export_examples().items():
+        code = code.replace("/tmp/hf/llama", str(trained / "hf_tied")).replace("step_20", f"step_{step}")
+        namespace: dict[str, Any] = {}
+        exec(compile(code, f"README.md ({fmt})", "exec"), namespace)
+        model = namespace["model"].eval()
+        with torch.no_grad():
+            output = model(ref["tokens"])
+        logits = output if isinstance(output, torch.Tensor) else output.logits
+        torch.testing.assert_close(logits, ref["logits"], rtol=1e-5, atol=1e-5, msg=fmt)
+        weights = dict(model.named_parameters(remove_duplicate=False))
+        assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"], fmt  # loaded tied
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+@pytest.mark.parametrize("name,fmt", [("ours", "safetensors"), ("hf", "hf"), ("hf", "safetensors")])
+def test_what_export_writes_follows_the_umask(trained: Path, tmp_path: Path, name: str, fmt: str,
+                                              umask: int) -> None:
+    """Every file and directory export creates (the parents of --out included) has the mode a plain open() or
+    mkdir() gives under the user's umask, as every other file of a run does."""
+    target = tmp_path / "new" / "dir" / ("model.safetensors" if fmt == "safetensors" else "hf_model")
+    out = export(str(trained / name), "--format", fmt, "--out", str(target), umask=umask)
+    assert out.returncode == 0, out.stderr[-3000:]
+    created = [tmp_path / "new", *sorted((tmp_path / "new").rglob("*"))]
+    assert target in created and (fmt == "safetensors" or len([p for p in created if p.is_file()]) >= 2)
+    for path in created:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        want = (0o777 if path.is_dir() else 0o666) & ~umask
+        assert mode == want, f"{path.relative_to(tmp_path)}: {oct(mode)}, want {oct(want)} under umask {oct(umask)}"
+
+
+def run_with_model(trained: Path, tmp_path: Path, model: dict[str, Any]) -> Path:
+    """A copy of the `ours` run whose exported checkpoint names another model."""
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    step = last_step(trained, "ours")
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(trained / "ours" / "checkpoints" / f"step_{step}", run / "checkpoints" / f"step_{step}")
+    config = run / "checkpoints" / f"step_{step}" / "config.yaml"
+    cfg = OmegaConf.load(config)
+    cfg.model = OmegaConf.merge(cfg.model, model)
+    OmegaConf.save(cfg, config)
+    return run
+
+
+def test_a_model_whose_code_cannot_be_imported_is_refused_before_anything_is_written(trained: Path,
+                                                                                      tmp_path: Path) -> None:
+    run = run_with_model(trained, tmp_path, {"_target_": "nosuchmod.Net", "args": {}})
+    before = sorted(run.rglob("*"))
+    out = export(str(run), "--format", "safetensors")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-3000:]
+    assert out.stderr.startswith("error: ") and "run from the directory that holds nosuchmod.py" in out.stderr
+    assert sorted(run.rglob("*")) == before
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_exported_with_every_name_and_a_warning(trained: Path,
+                                                                                        tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    run = run_with_model(trained, tmp_path, {"_target_": "json.loads", "args": {"s": "not json"}})
+    out = export(str(run), "--format", "safetensors")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.startswith("warning: building the model on the meta device failed (JSONDecodeError")
+    weights = load_file(out.stdout.strip().splitlines()[-1])
+    assert sorted(weights) == sorted(reference(trained, "ours")["state"])
