@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.metrics_file import number_text, read_metrics
+from launcher.overrides import override_key
 from launcher.status import RunRef, Target, find_runs, read_config
-from launcher.sweepdir import Point, Sweep, is_sweep_dir, override_key
+from launcher.sweepdir import Point, Sweep, is_sweep_dir
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
