@@ -28,6 +28,7 @@ from train.data import (
     micro_batch_indices,
     planned_micro_batches,
 )
+from train.data.index import INDEX_VERSION, LEGACY_INDEX_VERSION
 from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log
 from train.preemption import PreemptionWatcher, StopOutcome, after_stop
@@ -46,6 +47,8 @@ class TrainState:
     samples: int = 0
     tokens: int = 0
     wandb_id: str | None = None
+    # The order of windows within an epoch (train/data/index.py); a checkpoint without it used version 1.
+    data_index: int = INDEX_VERSION
 
 
 @dataclass
@@ -68,9 +71,13 @@ def restore(ckpt: CheckpointManager, cfg: Any, env: DistEnv) -> TrainState:
     if latest is None:
         return TrainState()
     saved = ckpt.load(latest)
+    saved.setdefault("data_index", LEGACY_INDEX_VERSION)
     state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
     if env.is_main:
         log.info("resumed from %s: step %d, %d samples consumed", latest.path, state.step, state.samples)
+        if state.data_index != INDEX_VERSION:
+            log.info("this run keeps the data order of its first checkpoints (index version %d): it resumes on "
+                     "exactly the samples it would have read", state.data_index)
         settle_steps_lost(ckpt.run_dir, state.step)
     return state
 
@@ -184,7 +191,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     if cfg.checkpoint.async_save and 0 < t.ckpt_every < t.max_steps - state.step:
         ckpt.prepare_async()  # the staging buffers, allocated once before training rather than in the first save
 
-    source = build_source(cfg.data, cfg.model.vocab_size)
+    source = build_source(cfg.data, cfg.model.vocab_size, state.data_index)
     global_batch = t.micro_batch_size * t.grad_accum_steps * strategy.dp_size
     if env.is_main:
         log.info(

@@ -1,0 +1,51 @@
+"""Token sources addressed by a global sample index: what a sample is is a pure function of its index, the data
+config and the seed, so a resume on any number of ranks continues exactly.
+
+    sources.py      TokenSource, build_source: the one source a data config reads
+    synthetic.py    data=synthetic, a learnable stream
+    windows.py      token files as one stream (TokenStream) and its windows as samples (WindowSource, MemmapTokens)
+    index.py        the order of windows within an epoch: a keyed bijection, never materialised; INDEX_VERSION
+    dataset.py      a user's map-style dataset (data._target_)
+    batches.py      micro batches by global index (micro_batch_indices, load_micro_batch, split_sample)
+
+Only batches.py and dataset.py need torch, and this package imports its modules when a name is first asked for:
+the launcher may read the torch-free ones (index, windows) on a login node.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "TokenSource": "sources", "build_source": "sources",
+    "SyntheticTokens": "synthetic",
+    "TokenStream": "windows", "WindowSource": "windows", "MemmapTokens": "windows",
+    "INDEX_VERSION": "index", "EpochOrder": "index",
+    "DatasetSource": "dataset",
+    "IGNORE_INDEX": "batches", "micro_batch_indices": "batches", "planned_micro_batches": "batches",
+    "split_sample": "batches", "load_micro_batch": "batches",
+}
+__all__ = ["INDEX_VERSION", "IGNORE_INDEX", "DatasetSource", "EpochOrder", "MemmapTokens", "SyntheticTokens",
+           "TokenSource", "TokenStream", "WindowSource", "build_source", "load_micro_batch", "micro_batch_indices",
+           "planned_micro_batches", "split_sample"]
+
+if TYPE_CHECKING:
+    from train.data.batches import (
+        IGNORE_INDEX,
+        load_micro_batch,
+        micro_batch_indices,
+        planned_micro_batches,
+        split_sample,
+    )
+    from train.data.dataset import DatasetSource
+    from train.data.index import INDEX_VERSION, EpochOrder
+    from train.data.sources import TokenSource, build_source
+    from train.data.synthetic import SyntheticTokens
+    from train.data.windows import MemmapTokens, TokenStream, WindowSource
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'train.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"train.data.{_HOMES[name]}"), name)
