@@ -78,3 +78,452 @@ def test_load_manifest_refuses_what_is_not_a_dataset(tmp_path: Path, damage, wor
     with pytest.raises(ConfigError, match=words) as err:
         mf.load_manifest(tmp_path)
     assert "\n" not in str(err.value) and "launcher.prepare" in str(err.value)
+
+
+# ---------------------------------------------------------------- python -m launcher.prepare
+
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
+    "upsilon phi chi psi omega ünïcödé 東京 😀"
+).split()
+
+
+def _doc(i: int) -> str:
+    words = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(3 + i % 11)]
+    return f"doc {i}: " + " ".join(words) + ("\nsecond line." if i % 4 == 0 else "")
+
+
+def _jsonl(docs: list[str]) -> bytes:
+    return "".join(json.dumps({"id": n, "text": d}) + "\n" for n, d in enumerate(docs)).encode()
+
+
+def _build_corpus(root: Path, start: int = 0) -> list[str]:
+    """Text (a document per file), JSON Lines, Parquet, a .gz and a .zst; returns the documents in the order the
+    preparation reads them (files sorted by path)."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    ids = iter(range(start, start + 1000))
+    files: dict[str, list[str]] = {}
+    (root / "sub").mkdir(parents=True)
+    for name in ("a.txt", "b.md", "sub/c.txt"):
+        doc = _doc(next(ids))
+        (root / name).write_text(doc, encoding="utf-8")
+        files[name] = [doc]
+    files["d.jsonl"] = [_doc(next(ids)) for _ in range(12)]
+    (root / "d.jsonl").write_bytes(
+        _jsonl(files["d.jsonl"]).replace(b"\n", b"\n\n", 1)
+    )  # a blank line is skipped
+    files["e.jsonl.gz"] = [_doc(next(ids)) for _ in range(10)]
+    (root / "e.jsonl.gz").write_bytes(gzip.compress(_jsonl(files["e.jsonl.gz"])))
+    files["f.jsonl.zst"] = [_doc(next(ids)) for _ in range(10)]
+    (root / "f.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(_jsonl(files["f.jsonl.zst"])))
+    files["g.parquet"] = [_doc(next(ids)) for _ in range(12)]
+    pq.write_table(
+        pa.table({"text": files["g.parquet"], "n": list(range(12))}), root / "g.parquet", row_group_size=5
+    )
+    doc = _doc(next(ids))
+    (root / "h.txt.gz").write_bytes(gzip.compress(doc.encode()))
+    files["h.txt.gz"] = [doc]
+    (root / ".hidden.txt").write_text("never read")
+    return [d for name in sorted(files, key=lambda n: str(root / n)) for d in files[name]]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE trained here (no network), with <|endoftext|> as its end of document."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<pad>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_doc(i) for i in range(300)], trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def prepare(*args: object, workers: int = 1) -> tuple[int, str]:
+    """python -m launcher.prepare in this process: (exit code, stderr)."""
+    import contextlib
+    import io
+
+    from launcher.prepare.__main__ import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main([str(a) for a in args] + ["--workers", str(workers)])
+        except SystemExit as exit_:  # argparse's own refusals
+            code = int(exit_.code or 0)
+    return code, err.getvalue()
+
+
+def _decode(path: Path, tokenizer: Path | None) -> dict[str, list[str]]:
+    """Each split's documents, decoded back from its shards (end-of-document ids between them)."""
+    manifest = mf.load_manifest(path)
+    if tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tokenizer))
+    docs: dict[str, list[str]] = {}
+    for split in mf.SPLITS:
+        files = manifest.shard_files(split)
+        stream = (
+            np.concatenate([np.fromfile(f, dtype=manifest.np_dtype) for f in files])
+            if files
+            else np.array([])
+        )
+        assert len(stream) == manifest.split(split).tokens
+        assert len(stream) == 0 or stream[-1] == manifest.eod_id  # every document ends with the eod id
+        ends = np.flatnonzero(stream == manifest.eod_id)
+        pieces = np.split(stream, ends + 1)[:-1]
+        ids = [p[:-1].tolist() for p in pieces]
+        if tokenizer is None:
+            docs[split] = [bytes(x).decode("utf-8") for x in ids]
+        else:
+            docs[split] = [tok.decode(x, skip_special_tokens=False) for x in ids]
+        assert len(docs[split]) == manifest.split(split).documents
+    return docs
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file of a prepared dataset but the plan (which names its directory) and the lock."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in ("plan.json", "lock")
+    }
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_shards_decode_back_to_the_documents(tmp_path: Path, bpe: Path, tokenizer: str) -> None:
+    docs = _build_corpus(tmp_path / "corpus")
+    tok = bpe if tokenizer == "bpe" else None
+    code, err = prepare(
+        tmp_path / "corpus",
+        "--out",
+        tmp_path / "out",
+        "--tokenizer",
+        tok or "bytes",
+        "--val-fraction",
+        0.3,
+        "--task-mb",
+        0.0001,
+    )
+    assert code == 0, err
+    manifest = mf.load_manifest(tmp_path / "out")
+    got = _decode(tmp_path / "out", tok)
+    assert got["train"] and got["val"]
+    assert set(got["train"]).isdisjoint(got["val"])
+    assert sorted(got["train"] + got["val"]) == sorted(docs)
+    for split in mf.SPLITS:  # within a split, the input order
+        assert got[split] == [d for d in docs if d in set(got[split])]
+    assert "never read" not in got["train"] + got["val"]
+    if tok is None:
+        assert (manifest.tokenizer.vocab_size, manifest.eod_id, manifest.dtype) == (257, 256, "uint16")
+    else:
+        from tokenizers import Tokenizer
+
+        t = Tokenizer.from_file(str(bpe))
+        assert manifest.eod_id == t.token_to_id("<|endoftext|>") and manifest.tokenizer.vocab_size == 400
+        assert manifest.tokenizer.fingerprint == "sha256:" + hashlib.sha256(bpe.read_bytes()).hexdigest()
+        assert manifest.tokenizer.path == str(bpe)
+    assert [s.path for s in manifest.sources] == sorted(
+        str(p) for p in (tmp_path / "corpus").rglob("*") if p.is_file() and not p.name.startswith(".")
+    )
+    assert sum(s.documents for s in manifest.sources) == len(docs)
+    assert len(manifest.split("train").shards) > 1  # several tasks
+
+
+def test_split_is_stable_when_a_file_is_added(tmp_path: Path) -> None:
+    _build_corpus(tmp_path / "corpus")
+    args = ("--tokenizer", "bytes", "--val-fraction", 0.3)
+    assert prepare(tmp_path / "corpus", "--out", tmp_path / "one", *args)[0] == 0
+    (tmp_path / "corpus" / "more.jsonl").write_bytes(_jsonl([_doc(i) for i in range(500, 540)]))
+    assert prepare(tmp_path / "corpus", "--out", tmp_path / "two", *args)[0] == 0
+    one, two = _decode(tmp_path / "one", None), _decode(tmp_path / "two", None)
+    assert set(one["train"]) < set(two["train"]) and set(one["val"]) < set(two["val"])
+    # another seed, another split of the same documents
+    assert prepare(tmp_path / "corpus", "--out", tmp_path / "three", *args, "--split-seed", 1)[0] == 0
+    three = _decode(tmp_path / "three", None)
+    assert set(three["val"]) != set(two["val"]) and sorted(three["val"] + three["train"]) == sorted(
+        two["val"] + two["train"]
+    )
+
+
+def test_output_is_the_same_for_any_number_of_workers(tmp_path: Path, bpe: Path) -> None:
+    _build_corpus(tmp_path / "corpus")
+    args = (tmp_path / "corpus", "--tokenizer", bpe, "--val-fraction", 0.2, "--task-mb", 0.0001)
+    assert prepare(*args, "--out", tmp_path / "w1", workers=1)[0] == 0
+    assert prepare(*args, "--out", tmp_path / "w2", workers=2)[0] == 0
+    one, two = _tree(tmp_path / "w1"), _tree(tmp_path / "w2")
+    assert one == two and "manifest.json" in one and len(one) > 10
+
+
+def _stats(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in ("lock", "manifest.json")
+    }
+
+
+def test_a_killed_preparation_resumes_writing_only_the_missing_shards(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from launcher.prepare.shards import KILL_AT_TASK_ENV
+
+    _build_corpus(tmp_path / "corpus")
+    args = [str(tmp_path / "corpus"), "--tokenizer", "bytes", "--task-mb", "0.0001", "--val-fraction", "0.3"]
+    out = tmp_path / "out"
+    env = {**os.environ, KILL_AT_TASK_ENV: "3"}
+    killed = subprocess.run(
+        [sys.executable, "-m", "launcher.prepare", *args, "--out", str(out), "--workers", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert not (out / mf.MANIFEST).exists()
+    assert sorted(p.name for p in (out / ".parts").glob("0*.json")) == [
+        "00000.json",
+        "00001.json",
+        "00002.json",
+    ]
+    assert list(out.rglob("00003.bin.tmp-*"))  # the shard it was writing, never renamed into place
+    before = _stats(out)
+    code, err = prepare(*args, "--out", out)
+    assert code == 0, err
+    after = _stats(out)
+    kept = {k: v for k, v in before.items() if ".tmp-" not in k}
+    assert kept and all(after[k] == v for k, v in kept.items())  # finished tasks untouched
+    assert not list(out.rglob("*.tmp-*"))
+    assert "00003.json" in {Path(k).name for k in after.keys() - before.keys()}
+    # the same bytes as a preparation never interrupted
+    assert prepare(*args, "--out", tmp_path / "clean")[0] == 0
+    assert _tree(out) == _tree(tmp_path / "clean")
+
+    # a task's shard deleted (its record kept), another task's record deleted: only those two are written
+    (out / "train/00001.bin").unlink()
+    (out / ".parts/00004.json").unlink()
+    before = _stats(out)
+    code, err = prepare(*args, "--out", out, workers=2)
+    assert code == 0, err
+    after = _stats(out)
+    rewritten = {k for k in before if before[k] != after[k]} | (after.keys() - before.keys())
+    assert {Path(k).name for k in rewritten} <= {"00001.bin", "00001.json", "00004.bin", "00004.json"}
+    assert {"train/00001.bin", ".parts/00001.json", ".parts/00004.json"} <= rewritten
+    assert _tree(out) == _tree(tmp_path / "clean")
+    # complete: running it again writes nothing
+    code, err = prepare(*args, "--out", out)
+    assert code == 0 and _stats(out) == after
+
+
+def test_text_per_line_and_a_vocabulary_past_uint16(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(70000)} | {"<unk>": 70000, "</s>": 70001}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    (tmp_path / "lines.txt").write_text("w1 w69999\n\nw5\r\nw65536 w7\n")
+    code, err = prepare(
+        tmp_path / "lines.txt",
+        "--text-per-line",
+        "--out",
+        tmp_path / "out",
+        "--tokenizer",
+        tmp_path / "tok",
+        "--val-fraction",
+        0,
+    )
+    assert code == 0, err
+    manifest = mf.load_manifest(tmp_path / "out")
+    assert manifest.dtype == "uint32" and manifest.eod_id == 70001 and manifest.tokenizer.name == "tok"
+    assert not manifest.split("val").shards
+    stream = np.fromfile(manifest.shard_files("train")[0], dtype="<u4").tolist()
+    assert stream == [1, 69999, 70001, 5, 70001, 65536, 7, 70001]
+
+
+def test_eod_token_named_or_refused(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"a": 0, "b": 1, "<u>": 2, "[END]": 3}, unk_token="<u>")).save(
+        str(tmp_path / "t.json")
+    )
+    (tmp_path / "x.txt").write_text("a b")
+    code, err = prepare(tmp_path / "x.txt", "--out", tmp_path / "out", "--tokenizer", tmp_path / "t.json")
+    assert code == 2 and err.startswith("error:") and "--eod-token" in err and not (tmp_path / "out").exists()
+    code, err = prepare(
+        tmp_path / "x.txt",
+        "--out",
+        tmp_path / "out",
+        "--tokenizer",
+        tmp_path / "t.json",
+        "--eod-token",
+        "[END]",
+    )
+    assert code == 0, err
+    assert mf.load_manifest(tmp_path / "out").eod_id == 3
+
+
+def test_output_inside_the_input_directory_is_not_read(tmp_path: Path) -> None:
+    _build_corpus(tmp_path / "corpus")
+    args = (tmp_path / "corpus", "--out", tmp_path / "corpus" / "prepared", "--tokenizer", "bytes")
+    assert prepare(*args)[0] == 0
+    code, err = prepare(*args)  # the shards just written are not new inputs: the same preparation
+    assert code == 0, err
+    glob_args = (str(tmp_path / "corpus" / "*.jsonl*"), "--out", tmp_path / "globbed", "--tokenizer", "bytes")
+    assert prepare(*glob_args)[0] == 0
+    assert len(mf.load_manifest(tmp_path / "globbed").sources) == 3
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, nothing left
+
+
+def _corrupt(corpus: Path, what: str) -> None:
+    if what == "jsonl without the field":
+        (corpus / "z.jsonl").write_text('{"text": "fine"}\n{"body": "no text"}\n')
+    elif what == "not JSON":
+        (corpus / "z.jsonl").write_text('{"text": "fine"}\n{"text": \n')
+    elif what == "truncated gz":
+        import gzip
+
+        (corpus / "z.txt.gz").write_bytes(gzip.compress(bytes(range(256)) * 40)[:300])
+    elif what == "not UTF-8":
+        (corpus / "z.txt").write_bytes(b"caf\xe9 au lait")
+    elif what == "parquet without the column":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"content": ["x"]}), corpus / "z.parquet")
+
+
+@pytest.mark.parametrize(
+    "what, words",
+    [
+        ("jsonl without the field", ["z.jsonl line 2 has no field 'text'", "--text-field"]),
+        ("not JSON", ["z.jsonl line 2 is not JSON"]),
+        ("truncated gz", ["cannot read", "z.txt.gz"]),
+        ("not UTF-8", ["z.txt is not UTF-8 text", "iconv"]),
+        ("parquet without the column", ["z.parquet has no column 'text' (it has content)", "--text-field"]),
+    ],
+)
+def test_a_bad_input_file_is_one_line_and_leaves_nothing(tmp_path: Path, what: str, words: list[str]) -> None:
+    _build_corpus(tmp_path / "corpus")  # good files first: their tasks finish, then are removed again
+    _corrupt(tmp_path / "corpus", what)
+    out = tmp_path / "new" / "out"
+    code, err = prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes", "--task-mb", 0.0001)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert all(w in err for w in words), err
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_bad_input_in_a_resumed_directory_removes_only_what_that_run_wrote(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from launcher.prepare.shards import KILL_AT_TASK_ENV
+
+    _build_corpus(tmp_path / "corpus")
+    _corrupt(tmp_path / "corpus", "jsonl without the field")  # z.jsonl: the last task
+    out = tmp_path / "out"
+    args = [str(tmp_path / "corpus"), "--tokenizer", "bytes", "--task-mb", "0.0001", "--out", str(out)]
+    killed = subprocess.run(
+        [sys.executable, "-m", "launcher.prepare", *args, "--workers", "1"],
+        env={**os.environ, KILL_AT_TASK_ENV: "2"},
+        capture_output=True,
+        text=True,
+    )
+    assert killed.returncode == -9, killed.stderr
+    kept = {k: v for k, v in _stats(out).items() if ".tmp-" not in k}
+    code, err = prepare(*args, workers=2)  # resumes tasks 2.., meets z.jsonl
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "z.jsonl line 2" in err, err
+    assert _stats(out) == kept  # the killed run's finished tasks stay; nothing of this run does
+    (tmp_path / "given").mkdir()  # an empty directory given as --out stays, empty
+    code, err = prepare(*args[:-1], tmp_path / "given")
+    assert code == 2 and list((tmp_path / "given").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("missing input", ["does not exist"]),
+        ("empty glob", ["no file matches"]),
+        ("missing tokenizer", ["tokenizer", "does not exist", "bytes"]),
+        ("not a tokenizer", ["is not a Hugging Face tokenizer.json"]),
+        ("directory without tokenizer.json", ["holds no tokenizer.json"]),
+        ("eod token for bytes", ["--eod-token does not apply"]),
+        ("val fraction", ["--val-fraction 1.5"]),
+        ("unknown option", ["unrecognized arguments: --nope"]),
+        ("out is not ours", ["is not empty and holds no prepared dataset"]),
+    ],
+)
+def test_bad_arguments_are_one_line_and_create_nothing(tmp_path: Path, case: str, words: list[str]) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("some text")
+    (tmp_path / "notes.txt").write_text("not a tokenizer")
+    out = tmp_path / "out"
+    args: list[object] = [corpus, "--out", out, "--tokenizer", "bytes"]
+    if case == "missing input":
+        args[0] = tmp_path / "nope"
+    elif case == "empty glob":
+        args[0] = str(corpus / "*.parquet")
+    elif case == "missing tokenizer":
+        args[-1] = "gpt2"
+    elif case == "not a tokenizer":
+        args[-1] = tmp_path / "notes.txt"
+    elif case == "directory without tokenizer.json":
+        args[-1] = corpus
+    elif case == "eod token for bytes":
+        args += ["--eod-token", "</s>"]
+    elif case == "val fraction":
+        args += ["--val-fraction", "1.5"]
+    elif case == "unknown option":
+        args += ["--nope"]
+    elif case == "out is not ours":
+        out.mkdir()
+        (out / "mine.txt").write_text("keep me")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, err = prepare(*args)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert all(w in err for w in words), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_different_preparation_in_out_is_refused_unless_overwrite(tmp_path: Path, bpe: Path) -> None:
+    _build_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    assert prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")[0] == 0
+    files = _tree(out)
+    for change, words in [
+        (["--tokenizer", bpe], "prepared with the tokenizer bytes"),
+        (["--tokenizer", "bytes", "--text-per-line"], "prepared without --text-per-line"),
+        (["--tokenizer", "bytes", "--val-fraction", "0.1"], "prepared with --val-fraction 0.005, not 0.1"),
+    ]:
+        code, err = prepare(tmp_path / "corpus", "--out", out, *change)
+        assert code == 2 and err.count("\n") == 1 and "already holds a different preparation" in err, err
+        assert words in err and "--overwrite" in err
+        assert _tree(out) == files
+    (tmp_path / "corpus" / "new.txt").write_text("one more document")
+    code, err = prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")
+    assert code == 2 and "new.txt is new" in err and _tree(out) == files
+    code, err = prepare(tmp_path / "corpus", "--out", out, "--tokenizer", bpe, "--overwrite")
+    assert code == 0, err
+    assert mf.load_manifest(out).tokenizer.name == bpe.parent.name
+    assert "one more document" in _decode(out, bpe)["train"] + _decode(out, bpe)["val"]

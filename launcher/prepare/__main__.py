@@ -1,0 +1,190 @@
+"""python -m launcher.prepare INPUTS... --out DIR --tokenizer T [options] [+cluster=NAME]
+
+Turns a corpus into a prepared dataset directory (see launcher/prepare/manifest.py): checks everything it can
+before writing anything, then prepares locally over worker processes, or with +cluster=NAME submits one SLURM
+CPU job array (a task per group of input files) and a finalize job, and returns at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from launcher.errors import EXIT_BAD_INPUT, ConfigError
+from launcher.prepare.manifest import Manifest
+from launcher.prepare.plan import DEFAULT_TASK_MB, DEFAULT_VAL_FRACTION, Options, Plan, make_plan
+from launcher.prepare.run import cpu_count
+
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}: see `python -m launcher.prepare --help`", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m launcher.prepare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="files, directories (searched recursively) or globs: text, JSON Lines (.jsonl/.ndjson/"
+        ".json) or Parquet (.parquet); .gz and .zst are read as they are",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="the prepared dataset directory")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="T",
+        help="a local Hugging Face tokenizer.json, a directory holding one, or `bytes` (UTF-8 bytes: "
+        "ids 0-255, end of document 256)",
+    )
+    p.add_argument(
+        "--eod-token",
+        metavar="TOKEN",
+        help="the token appended after every document (default: the tokenizer's eos_token, else "
+        "<|endoftext|>, </s>, ... when the vocabulary has one)",
+    )
+    p.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="the JSON Lines field / Parquet column holding the text (default: text)",
+    )
+    p.add_argument(
+        "--text-per-line",
+        action="store_true",
+        help="text files hold one document per line (default: one document per file)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        metavar="F",
+        help=f"share of documents in the validation split, chosen by a hash of each document's text "
+        f"(default: {DEFAULT_VAL_FRACTION})",
+    )
+    p.add_argument(
+        "--split-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="key of that hash: another seed, another split (default: 0)",
+    )
+    p.add_argument(
+        "--task-mb",
+        type=float,
+        default=DEFAULT_TASK_MB,
+        metavar="MB",
+        help=f"input megabytes per task (a group of files writing its own shards; default: "
+        f"{DEFAULT_TASK_MB:g})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=cpu_count(),
+        metavar="N",
+        help="worker processes on this machine (default: the CPU count); the output is the same "
+        "for any number",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a different preparation already in --out"
+    )
+    return p
+
+
+def _split_cluster(argv: list[str]) -> tuple[list[str], str | None]:
+    """`+cluster=NAME` (as for training) is not an argparse option: take it out first."""
+    rest, cluster = [], None
+    for arg in argv:
+        if arg.startswith(("+cluster=", "cluster=")):
+            cluster = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return rest, cluster
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if not 0.0 <= args.val_fraction < 1.0:
+        raise ConfigError(
+            f"--val-fraction {args.val_fraction} is outside [0, 1): give the share of documents "
+            f"for validation, e.g. 0.005"
+        )
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: give at least 1")
+    if not args.task_mb > 0:
+        raise ConfigError(f"--task-mb {args.task_mb}: give a positive size in megabytes, e.g. 256")
+
+
+def _summary(manifest: Manifest, plan: Plan, written: int) -> str:
+    parts = []
+    for name in ("train", "val"):
+        s = manifest.split(name)
+        parts.append(f"{name} {s.tokens:,} tokens ({s.documents:,} documents, {len(s.shards)} shards)")
+    total = len(plan.tasks)
+    how = (
+        (f"{written} of {total} tasks written" if written < total else f"{total} tasks")
+        if written
+        else (f"already complete, {total} tasks")
+    )
+    return (
+        f"prepared {plan.out}: {', '.join(parts)}; {how}\n"
+        f"tokenizer {plan.tokenizer.describe()}; dtype {manifest.dtype}; fingerprint {manifest.fingerprint}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv, cluster = _split_cluster(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(argv)
+    try:
+        from launcher.prepare.inputs import check_columns, resolve_inputs
+        from launcher.prepare.tokenizer import load_tokenizer
+
+        _check_options(args)
+        out = Path(args.out).expanduser().resolve()
+        options = Options(
+            args.text_field, args.text_per_line, args.val_fraction, args.split_seed, args.task_mb
+        )
+        inputs = resolve_inputs(args.inputs, exclude=out)
+        tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
+        check_columns(inputs, options.read)
+        plan = make_plan(out, tokenizer, options, inputs)
+        if cluster is not None:
+            from launcher.prepare.slurm import submit
+
+            print(submit(plan, cluster, args.overwrite))
+            return 0
+        from launcher.prepare.run import Interrupted, WorkerDied, prepare_local
+
+        try:
+            manifest, written = prepare_local(plan, args.workers, args.overwrite)
+        except Interrupted:
+            print(
+                f"interrupted: the finished tasks are kept in {out}; run the same command again to resume",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED
+        except WorkerDied as err:
+            print(
+                f"error: a worker process died ({err}): run the same command again to resume (the finished "
+                f"tasks are kept)",
+                file=sys.stderr,
+            )
+            return 1
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(_summary(manifest, plan, written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

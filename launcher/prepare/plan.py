@@ -1,0 +1,140 @@
+"""A preparation's plan: its identity (inputs, tokenizer, options) and its tasks, stored in DIR/.parts/plan.json.
+
+A task is a run of consecutive input files (sorted by path) of about `task_mb` megabytes on disk (at least one
+file), so the tasks, and therefore the shards, depend only on the inputs and the options, never on the number of
+workers or on where the tasks run. Task N writes train/NNNNN.bin and val/NNNNN.bin (each only when it has
+documents for that split), then its completion record .parts/NNNNN.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ConfigError
+from launcher.prepare.inputs import InputFile, ReadOptions
+from launcher.prepare.manifest import TokenizerInfo
+from launcher.prepare.tokenizer import TokenizerChoice
+
+PARTS = ".parts"
+PLAN = "plan.json"
+DEFAULT_TASK_MB = 256.0
+DEFAULT_VAL_FRACTION = 0.005
+
+
+@dataclass(frozen=True)
+class Options:
+    text_field: str = "text"
+    text_per_line: bool = False
+    val_fraction: float = DEFAULT_VAL_FRACTION
+    split_seed: int = 0
+    task_mb: float = DEFAULT_TASK_MB
+
+    @property
+    def read(self) -> ReadOptions:
+        return ReadOptions(self.text_field, self.text_per_line)
+
+
+@dataclass(frozen=True)
+class Plan:
+    out: str  # absolute path of the dataset directory (not part of the identity)
+    tokenizer: TokenizerChoice
+    options: Options
+    inputs: tuple[InputFile, ...]
+    tasks: tuple[tuple[int, ...], ...]  # per task, indices into inputs
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two preparations the same: everything but where it is written."""
+        return {
+            "tokenizer": asdict(self.tokenizer),
+            "options": asdict(self.options),
+            "inputs": [asdict(f) for f in self.inputs],
+            "tasks": [list(t) for t in self.tasks],
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        payload = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
+
+    def task_files(self, index: int) -> list[InputFile]:
+        return [self.inputs[i] for i in self.tasks[index]]
+
+    @property
+    def parts(self) -> Path:
+        return Path(self.out) / PARTS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"out": self.out, "fingerprint": self.fingerprint, **self.identity()}
+
+    @staticmethod
+    def from_json(raw: dict[str, Any]) -> Plan:
+        tok = raw["tokenizer"]
+        return Plan(
+            out=raw["out"],
+            tokenizer=TokenizerChoice(
+                TokenizerInfo(**tok["info"]), tok["eod_id"], tok["eod_token"], tok["eod_from"]
+            ),
+            options=Options(**raw["options"]),
+            inputs=tuple(InputFile(**f) for f in raw["inputs"]),
+            tasks=tuple(tuple(t) for t in raw["tasks"]),
+        )
+
+
+def group_tasks(
+    inputs: list[InputFile] | tuple[InputFile, ...], task_mb: float
+) -> tuple[tuple[int, ...], ...]:
+    """Consecutive files until a group reaches `task_mb` megabytes (a larger file is a task of its own)."""
+    limit = task_mb * 2**20
+    tasks: list[tuple[int, ...]] = []
+    current: list[int] = []
+    size = 0
+    for index, file in enumerate(inputs):
+        if current and size + file.bytes > limit:
+            tasks.append(tuple(current))
+            current, size = [], 0
+        current.append(index)
+        size += file.bytes
+    if current:
+        tasks.append(tuple(current))
+    return tuple(tasks)
+
+
+def make_plan(out: Path, tokenizer: TokenizerChoice, options: Options, inputs: list[InputFile]) -> Plan:
+    return Plan(str(out.resolve()), tokenizer, options, tuple(inputs), group_tasks(inputs, options.task_mb))
+
+
+def load_plan(out: Path) -> Plan | None:
+    """The plan stored in `out`, or None when there is none (a damaged one counts as different)."""
+    path = out / PARTS / PLAN
+    try:
+        return Plan.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path} is damaged ({err}): prepare again with --overwrite") from None
+
+
+def difference(old: Plan, new: Plan) -> str:
+    """What differs between two plans, in words (the first difference that a user would recognise)."""
+    if old.tokenizer != new.tokenizer:
+        return f"it was prepared with the tokenizer {old.tokenizer.describe()}"
+    for key, value in asdict(new.options).items():
+        was, flag = getattr(old.options, key), "--" + key.replace("_", "-")
+        if was != value:
+            if isinstance(value, bool):
+                return f"it was prepared {'with' if was else 'without'} {flag}"
+            return f"it was prepared with {flag} {was}, not {value}"
+    old_files = {f.path: f for f in old.inputs}
+    new_files = {f.path: f for f in new.inputs}
+    for path in sorted(new_files.keys() - old_files.keys()):
+        return f"other inputs ({path} is new)"
+    for path in sorted(old_files.keys() - new_files.keys()):
+        return f"other inputs ({path} is not among them now)"
+    for path, file in new_files.items():
+        if old_files[path] != file:
+            return f"other inputs ({path} changed since)"
+    return "a different plan"

@@ -1,0 +1,281 @@
+"""A local preparation: the output directory, the worker pool, resume, and finalize (manifest.json written last).
+
+Re-running the same command resumes: tasks whose completion record is there (and whose shards have the sizes it
+lists) are skipped, the others are written again. A bad input found while reading stops every task, and what this
+run wrote is removed (the directory too when this run created it): nothing is left half-done. Ctrl-C stops at the
+next batch, keeps the finished tasks, and the same command resumes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing as mp
+import os
+import queue
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from launcher.errors import ConfigError
+from launcher.prepare.manifest import (
+    MANIFEST,
+    SPLITS,
+    Manifest,
+    Shard,
+    Source,
+    build_manifest,
+    write_json_atomic,
+    write_manifest,
+)
+from launcher.prepare.plan import PARTS, PLAN, Plan, difference, load_plan
+from launcher.prepare.progress import Reporter
+from launcher.prepare.shards import completed_record, record_path, run_task, shard_name
+
+
+class Interrupted(Exception):
+    """Ctrl-C: the finished tasks are kept and the same command resumes."""
+
+
+class WorkerDied(Exception):
+    """A worker process was killed (out of memory, a signal): the same command resumes."""
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Created:
+    """What this run created, removed again when a bad input stops it."""
+
+    root: Path | None = None  # the topmost directory this run created
+    plan: bool = False
+    tasks: list[int] = field(default_factory=list)
+
+
+def _ours(out: Path) -> bool:
+    return (out / PARTS).exists() or (out / MANIFEST).exists()
+
+
+def claim_output(plan: Plan, overwrite: bool) -> Created:
+    """Make `plan.out` hold this plan: create it, resume it (the same plan), or with --overwrite replace another
+    preparation. Refuses a directory holding something else. Writes .parts/plan.json."""
+    out = Path(plan.out)
+    created = Created()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: give a directory for the prepared dataset")
+    if out.is_dir() and any(out.iterdir()):
+        if not _ours(out):
+            raise ConfigError(
+                f"--out {out} is not empty and holds no prepared dataset: give a new or empty directory"
+            )
+        old = load_plan(out) if (out / PARTS / PLAN).exists() else None
+        if old is None or old.fingerprint != plan.fingerprint:
+            what = difference(old, plan) if old is not None else "a preparation whose plan is gone"
+            if not overwrite:
+                raise ConfigError(
+                    f"--out {out} already holds a different preparation ({what}): give another "
+                    f"--out, or add --overwrite to replace it"
+                )
+            _remove_preparation(out)
+    if not out.exists():
+        top = out
+        while not top.parent.exists():
+            top = top.parent
+        created.root = top
+    (out / PARTS).mkdir(parents=True, exist_ok=True)
+    if not (out / PARTS / PLAN).exists():
+        write_json_atomic(out / PARTS / PLAN, plan.to_json())
+        created.plan = True
+    return created
+
+
+def _remove_preparation(out: Path) -> None:
+    for split in SPLITS:
+        shutil.rmtree(out / split, ignore_errors=True)
+    shutil.rmtree(out / PARTS, ignore_errors=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+
+
+def undo(plan: Plan, created: Created) -> None:
+    """Remove what this run wrote (after a bad input): its tasks' shards and records, its plan, its directory."""
+    out = Path(plan.out)
+    if created.root is not None:
+        shutil.rmtree(created.root, ignore_errors=True)
+        return
+    for index in created.tasks:
+        for split in SPLITS:
+            (out / shard_name(split, index)).unlink(missing_ok=True)
+        record_path(plan, index).unlink(missing_ok=True)
+    if created.plan:
+        shutil.rmtree(out / PARTS, ignore_errors=True)
+    for split in SPLITS:
+        if (out / split).is_dir() and not any((out / split).iterdir()):
+            (out / split).rmdir()
+
+
+@contextmanager
+def locked(plan: Plan) -> Iterator[None]:
+    """One local preparation at a time per directory."""
+    with open(plan.parts / "lock", "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another preparation is writing {plan.out}: wait for it to finish") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def pending_tasks(plan: Plan) -> list[int]:
+    itemsize = np.dtype(plan.tokenizer.dtype).itemsize
+    return [i for i in range(len(plan.tasks)) if completed_record(plan, i, itemsize) is None]
+
+
+def prepare_local(plan: Plan, workers: int, overwrite: bool = False) -> tuple[Manifest, int]:
+    """Prepare `plan` on this machine with up to `workers` processes; returns the manifest written and the
+    number of tasks this run wrote (the others were complete already)."""
+    created = claim_output(plan, overwrite)
+    try:
+        with locked(plan):
+            pending = pending_tasks(plan)
+            if pending:
+                (Path(plan.out) / MANIFEST).unlink(missing_ok=True)
+                run_tasks(plan, pending, workers, created)
+            return finalize(plan), len(pending)
+    except ConfigError:
+        undo(plan, created)
+        raise
+
+
+def run_tasks(plan: Plan, pending: list[int], workers: int, created: Created) -> None:
+    total = sum(plan.inputs[f].bytes for i in pending for f in plan.tasks[i])
+    with Reporter(total, len(pending)) as reporter:
+        processes = max(1, min(workers, len(pending)))
+        if processes == 1:
+            for index in pending:
+                try:
+                    run_task(plan, index, progress=reporter.advance)
+                except KeyboardInterrupt:
+                    raise Interrupted() from None
+                created.tasks.append(index)
+                reporter.task_done()
+        else:
+            _run_pool(plan, pending, processes, created, reporter)
+
+
+# ---------------------------------------------------------------- the worker processes
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(plan: Plan, threads: int, progress: Any, stop: Any) -> None:
+    # The tokenizer's Rust thread pool starts at its first batch and reads its size then: the cores are shared
+    # between the worker processes instead of each starting one thread per core.
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the driver, which stops the workers
+    from launcher.prepare.tokenizer import encoder_for
+
+    _worker.update(plan=plan, encoder=encoder_for(plan.tokenizer), progress=progress, stop=stop)
+
+
+def _work(index: int) -> int:
+    def report(read_bytes: int, tokens: int) -> None:
+        _worker["progress"].put((read_bytes, tokens))
+
+    try:
+        run_task(_worker["plan"], index, _worker["encoder"], report, _worker["stop"].is_set)
+    except InterruptedError:
+        return -1
+    return index
+
+
+def _run_pool(plan: Plan, pending: list[int], processes: int, created: Created, reporter: Reporter) -> None:
+    ctx = mp.get_context("spawn")  # no fork of a process that may hold the tokenizer's threads or rich's
+    progress, stop = ctx.Queue(), ctx.Event()
+    threads = max(1, cpu_count() // processes)
+    error: BaseException | None = None
+    with ProcessPoolExecutor(
+        processes, mp_context=ctx, initializer=_init_worker, initargs=(plan, threads, progress, stop)
+    ) as pool:
+        futures: dict[Future[int], int] = {pool.submit(_work, i): i for i in pending}
+        try:
+            while futures:
+                done, _ = wait(futures, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(progress, reporter)
+                for future in done:
+                    index = futures.pop(future)
+                    if future.cancelled():
+                        continue
+                    exc = future.exception()
+                    if exc is None and future.result() == index:
+                        created.tasks.append(index)
+                        reporter.task_done()
+                    elif exc is not None and error is None:
+                        error = exc
+                        stop.set()
+                        for other in futures:
+                            other.cancel()
+        except KeyboardInterrupt:
+            stop.set()
+            for other in futures:
+                other.cancel()
+            error = Interrupted()
+            wait(futures)
+        _drain(progress, reporter)
+    if error is not None:
+        from concurrent.futures.process import BrokenProcessPool
+
+        if isinstance(error, BrokenProcessPool):
+            raise WorkerDied(str(error)) from None
+        raise error
+
+
+def _drain(progress: Any, reporter: Reporter) -> None:
+    while True:
+        try:
+            read_bytes, tokens = progress.get_nowait()
+        except queue.Empty:
+            return
+        reporter.advance(read_bytes, tokens)
+
+
+# ---------------------------------------------------------------- finalize
+
+
+def finalize(plan: Plan) -> Manifest:
+    """Every task's record into manifest.json, written last and atomically."""
+    itemsize = np.dtype(plan.tokenizer.dtype).itemsize
+    shards: dict[str, list[Shard]] = {split: [] for split in SPLITS}
+    sources: list[Source] = []
+    for index in range(len(plan.tasks)):
+        record = completed_record(plan, index, itemsize)
+        if record is None:
+            raise RuntimeError(f"task {index} of {plan.out} is not complete")
+        for split in SPLITS:
+            if record["shards"][split] is not None:
+                shards[split].append(Shard(**record["shards"][split]))
+        sources.extend(Source(**s) for s in record["sources"])
+    manifest = build_manifest(
+        plan.tokenizer.info,
+        plan.tokenizer.eod_id,
+        plan.options.val_fraction,
+        plan.options.split_seed,
+        shards,
+        sources,
+    )
+    write_manifest(plan.out, manifest)
+    return manifest

@@ -1,0 +1,194 @@
+"""One task: read its files' documents, split them into train and validation, tokenize them in batches, write the
+task's shards, then its completion record.
+
+A shard is written under a temporary name (NNNNN.bin.tmp-PID), flushed to disk and renamed only when whole; the
+record (.parts/NNNNN.json) is written the same way, last, so a task counts as complete only when its record
+exists and every shard it lists has the size it says. A task that died leaves at most temporary files, which the
+next attempt of the same task removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from launcher.prepare.inputs import InputFile, read_documents
+from launcher.prepare.manifest import SPLITS, Shard, write_json_atomic
+from launcher.prepare.plan import Plan
+from launcher.prepare.tokenizer import Encoder, encoder_for
+
+BATCH_CHARS = 1 << 22  # text per encode_batch call: large enough for the tokenizer's threads to share it
+BATCH_DOCS = 16384
+# Fault injection for the resume tests: the process kills itself (SIGKILL) in the middle of this task's shard.
+KILL_AT_TASK_ENV = "SLURMTRAIN_PREPARE_KILL_AT_TASK"
+
+Progress = Callable[[int, int], None]  # (input bytes read, tokens written) since the last call
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}/{index:05d}.bin"
+
+
+def record_path(plan: Plan, index: int) -> Path:
+    return plan.parts / f"{index:05d}.json"
+
+
+def is_val(text: str, threshold: int, key: bytes) -> bool:
+    """The document goes to validation: a keyed hash of its text, so the split of a document never depends on
+    which other documents or files are prepared with it."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8, key=key).digest()
+    return int.from_bytes(digest, "little") < threshold
+
+
+def split_key(seed: int) -> bytes:
+    return seed.to_bytes(8, "little", signed=True)
+
+
+def val_threshold(val_fraction: float) -> int:
+    return min(int(val_fraction * 2**64), 2**64)
+
+
+class ShardWriter:
+    """Appends token arrays to a temporary file, hashing as it goes; commit() renames it into place."""
+
+    def __init__(self, root: Path, rel: str) -> None:
+        self.root, self.rel = root, rel
+        self.final = root / rel
+        self.tmp = self.final.with_name(f"{self.final.name}.tmp-{os.getpid()}")
+        self.sha = hashlib.sha256()
+        self.tokens = self.documents = 0
+        self.file: IO[bytes] | None = None
+
+    def write(self, ids: np.ndarray, documents: int) -> None:
+        if self.file is None:
+            self.final.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.tmp, "wb")
+        data = np.ascontiguousarray(ids).data.cast("B")
+        self.file.write(data)
+        self.sha.update(data)
+        self.tokens += len(ids)
+        self.documents += documents
+
+    def commit(self) -> Shard | None:
+        if self.file is None:
+            return None
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.tmp, self.final)
+        return Shard(self.rel, self.tokens, self.documents, self.sha.hexdigest())
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def remove_stale(plan: Plan, index: int) -> None:
+    """Temporary files an earlier attempt of this task left when it was killed."""
+    root = Path(plan.out)
+    for split in SPLITS:
+        final = root / shard_name(split, index)
+        for tmp in final.parent.glob(f"{final.name}.tmp-*"):
+            tmp.unlink(missing_ok=True)
+    for tmp in plan.parts.glob(f"{index:05d}.json.tmp-*"):
+        tmp.unlink(missing_ok=True)
+
+
+def _batches(files: list[InputFile], plan: Plan, counts: list[int]) -> Iterator[tuple[list[str], int]]:
+    """(documents, input bytes finished) in batches of about BATCH_CHARS characters; counts[i] is the number of
+    documents read from files[i]."""
+    batch: list[str] = []
+    chars = done_bytes = 0
+    for i, file in enumerate(files):
+        for text in read_documents(file, plan.options.read):
+            batch.append(text)
+            counts[i] += 1
+            chars += len(text)
+            if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
+                yield batch, done_bytes
+                batch, chars, done_bytes = [], 0, 0
+        done_bytes += file.bytes
+    yield batch, done_bytes
+
+
+def run_task(
+    plan: Plan,
+    index: int,
+    encoder: Encoder | None = None,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Prepare task `index` of `plan` and write its completion record; returns the record. On any error the
+    task's temporary files are removed and nothing of it looks complete."""
+    root = Path(plan.out)
+    remove_stale(plan, index)
+    encoder = encoder or encoder_for(plan.tokenizer)
+    files = plan.task_files(index)
+    counts = [0] * len(files)
+    writers = {split: ShardWriter(root, shard_name(split, index)) for split in SPLITS}
+    threshold, key = val_threshold(plan.options.val_fraction), split_key(plan.options.split_seed)
+    kill_at = os.environ.get(KILL_AT_TASK_ENV)
+    try:
+        for batch, done_bytes in _batches(files, plan, counts):
+            if should_stop is not None and should_stop():
+                raise InterruptedError("stopped")
+            written = 0
+            val: list[str] = []
+            train = batch
+            if threshold:
+                flags = [is_val(text, threshold, key) for text in batch]
+                if any(flags):
+                    val = [text for text, v in zip(batch, flags, strict=True) if v]
+                    train = [text for text, v in zip(batch, flags, strict=True) if not v]
+            for split, docs in (("train", train), ("val", val)):
+                if docs:
+                    ids = encoder.encode(docs)
+                    writers[split].write(ids, len(docs))
+                    written += len(ids)
+            if kill_at is not None and int(kill_at) == index and written:
+                os.kill(os.getpid(), signal.SIGKILL)  # a half-written shard left behind, as a real kill would
+            if progress is not None:
+                progress(done_bytes, written)
+        shards = {split: writer.commit() for split, writer in writers.items()}
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    record = {
+        "task": index,
+        "plan": plan.fingerprint,
+        "shards": {split: None if s is None else vars(s) for split, s in shards.items()},
+        "sources": [
+            {"path": f.path, "bytes": f.bytes, "documents": n} for f, n in zip(files, counts, strict=True)
+        ],
+    }
+    write_json_atomic(record_path(plan, index), record)
+    return record
+
+
+def completed_record(plan: Plan, index: int, itemsize: int) -> dict[str, Any] | None:
+    """The task's record when the task is complete for this plan (its record written and every shard it lists
+    present with the size it says), else None."""
+    try:
+        record = json.loads(record_path(plan, index).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("plan") != plan.fingerprint or record.get("task") != index:
+        return None
+    for shard in (record.get("shards") or {}).values():
+        if shard is None:
+            continue
+        try:
+            if (Path(plan.out) / shard["path"]).stat().st_size != shard["tokens"] * itemsize:
+                return None
+        except (OSError, KeyError, TypeError):
+            return None
+    return record

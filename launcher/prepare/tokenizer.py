@@ -1,0 +1,169 @@
+"""The tokenizer: a local Hugging Face tokenizer.json (or a directory holding one), or `bytes`.
+
+`bytes` needs no tokenizer: a document's UTF-8 bytes are its ids 0..255 and the end-of-document id is 256, so its
+vocabulary is 257. A Hugging Face tokenizer is loaded with the `tokenizers` library from a local file (nothing is
+downloaded) and documents are encoded without the tokenizer's own special tokens (no BOS/EOS added around each
+document): the end-of-document id is appended after every document instead. That id is `--eod-token` when given,
+else the `eos_token` of a tokenizer_config.json beside tokenizer.json, else the first of EOD_CANDIDATES the
+vocabulary holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from launcher.errors import ConfigError
+from launcher.prepare.manifest import TokenizerInfo, dtype_for_vocab
+
+BYTES = "bytes"
+BYTES_EOD = 256
+EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|end|>")
+_HINT = "give a local tokenizer.json, a directory holding one, or `bytes` (nothing is downloaded)"
+
+
+@dataclass(frozen=True)
+class TokenizerChoice:
+    """What the preparation encodes with: recorded in the plan, reloaded by every worker."""
+
+    info: TokenizerInfo
+    eod_id: int
+    eod_token: str  # the token's text ("" for bytes)
+    eod_from: str  # how it was chosen: "--eod-token", "tokenizer_config.json", "the vocabulary", "bytes"
+
+    @property
+    def dtype(self) -> str:
+        return dtype_for_vocab(self.info.vocab_size)
+
+    def describe(self) -> str:
+        if self.eod_from == BYTES:
+            return f"bytes (vocabulary 257: UTF-8 bytes 0-255, end of document id {self.eod_id})"
+        return (
+            f"{self.info.name} (vocabulary {self.info.vocab_size}, end of document {self.eod_token!r} = id "
+            f"{self.eod_id}, from {self.eod_from})"
+        )
+
+
+class Encoder(Protocol):
+    def encode(self, documents: list[str]) -> np.ndarray:
+        """The documents' ids, each followed by the end-of-document id, as one flat array of the dataset dtype."""
+
+
+def load_tokenizer(spec: str, eod_token: str | None = None) -> TokenizerChoice:
+    """Resolve `spec` (`bytes`, a tokenizer.json or a directory holding one) and its end-of-document id; a
+    ConfigError names the fix when it is not a tokenizer."""
+    if spec == BYTES:
+        if eod_token is not None:
+            raise ConfigError(
+                f"--eod-token does not apply to --tokenizer bytes (its end of document is id "
+                f"{BYTES_EOD}): leave --eod-token out"
+            )
+        return TokenizerChoice(TokenizerInfo(BYTES, None, 257, BYTES), BYTES_EOD, "", BYTES)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise ConfigError(
+                f"tokenizer directory {path} holds no tokenizer.json (a fast tokenizer saved with "
+                f"save_pretrained has one): {_HINT}"
+            )
+    elif path.is_file():
+        file = path
+    else:
+        raise ConfigError(f"tokenizer {spec} does not exist: {_HINT}")
+    file = file.resolve()
+    tokenizer = _load(file)
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
+    eod_id, token, origin = _eod(tokenizer, file, eod_token)
+    name = file.parent.name if file.name == "tokenizer.json" else file.name
+    fingerprint = "sha256:" + hashlib.sha256(file.read_bytes()).hexdigest()
+    return TokenizerChoice(TokenizerInfo(name, str(file), vocab_size, fingerprint), eod_id, token, origin)
+
+
+def _load(file: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as err:  # the Rust side raises plain Exception for any malformed file
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{file} is not a Hugging Face tokenizer.json ({reason[:160]}): {_HINT}") from None
+
+
+def _eod(tokenizer: Any, file: Path, eod_token: str | None) -> tuple[int, str, str]:
+    if eod_token is not None:
+        eod_id = tokenizer.token_to_id(eod_token)
+        if eod_id is None:
+            raise ConfigError(
+                f"tokenizer {file} has no token {eod_token!r}: name one of its tokens with --eod-token"
+            )
+        return eod_id, eod_token, "--eod-token"
+    configured = _configured_eos(file.parent / "tokenizer_config.json")
+    if configured is not None and tokenizer.token_to_id(configured) is not None:
+        return tokenizer.token_to_id(configured), configured, "tokenizer_config.json"
+    for candidate in EOD_CANDIDATES:
+        eod_id = tokenizer.token_to_id(candidate)
+        if eod_id is not None:
+            return eod_id, candidate, "the vocabulary"
+    raise ConfigError(
+        f"tokenizer {file} has no end-of-document token (none of {', '.join(EOD_CANDIDATES)}): "
+        f"name the token that ends a document with --eod-token"
+    )
+
+
+def _configured_eos(path: Path) -> str | None:
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
+
+
+class BytesEncoder:
+    def __init__(self, eod_id: int, dtype: str) -> None:
+        self.eod_id, self.dtype = eod_id, np.dtype(dtype).newbyteorder("<")
+
+    def encode(self, documents: list[str]) -> np.ndarray:
+        data = [d.encode("utf-8") for d in documents]
+        ends = np.cumsum(np.fromiter(map(len, data), np.int64, len(data)) + 1) - 1
+        out = np.empty(int(ends[-1]) + 1 if len(data) else 0, dtype=self.dtype)
+        body = np.ones(len(out), dtype=bool)
+        body[ends] = False
+        out[body] = np.frombuffer(b"".join(data), dtype=np.uint8)
+        out[ends] = self.eod_id
+        return out
+
+
+class HFEncoder:
+    """encode_batch over the whole batch (the tokenizer's Rust threads), then one flat array."""
+
+    def __init__(self, path: str, eod_id: int, dtype: str) -> None:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(path)
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we do not keep.
+        self.encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        self.eod_id, self.dtype = eod_id, np.dtype(dtype).newbyteorder("<")
+
+    def encode(self, documents: list[str]) -> np.ndarray:
+        flat: list[int] = []
+        extend, eod = flat.extend, self.eod_id
+        for encoding in self.encode_batch(documents, add_special_tokens=False):
+            extend(encoding.ids)
+            flat.append(eod)
+        return np.array(flat, dtype=self.dtype)
+
+
+def encoder_for(choice: TokenizerChoice) -> Encoder:
+    if choice.info.name == BYTES and choice.info.path is None:
+        return BytesEncoder(choice.eod_id, choice.dtype)
+    assert choice.info.path is not None
+    return HFEncoder(choice.info.path, choice.eod_id, choice.dtype)
