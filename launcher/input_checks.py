@@ -1,5 +1,6 @@
-"""Checks of what the user points at, before any worker starts: the run root, the token file (existence, access,
-format, size, and its token ids against the vocabulary), and tracker credentials when logging online.
+"""Checks of what the user points at, before any worker starts: the run root, the token data (a token file: existence,
+access, format, size, and its token ids against the vocabulary; a prepared dataset: its manifest's vocabulary; a
+glob of files or a mixture's sources: each of them), and tracker credentials when logging online.
 
 Everything here is cheap: a token file is read whole only up to SCAN_BYTES; beyond that, SAMPLE_WINDOWS evenly
 spaced windows are read (a bad id elsewhere still ends in a one-line error on the ranks).
@@ -20,6 +21,8 @@ from launcher.errors import ConfigError
 SCAN_BYTES = 256 * 2**20
 SAMPLE_WINDOWS = 256
 WINDOW_BYTES = 2**20
+# A glob of token files: every file's size is checked, the ids of this many of them (evenly spread) are read.
+GLOB_FILES_SCANNED = 8
 
 
 def check_run_root(cfg: DictConfig) -> None:
@@ -35,8 +38,8 @@ def check_run_root(cfg: DictConfig) -> None:
 
 
 TEXT_PROBE_BYTES = 64 * 1024
-TEXT_HINT = ("looks like UTF-8 text, not token ids: tokenize it into a file of token ids first (data=tokens reads "
-             "the ids as numpy writes them with ndarray.tofile; see the README's data section)")
+TEXT_HINT = ("looks like UTF-8 text, not token ids: tokenize it into token shards first (python -m launcher.prepare "
+             "FILE --out DIR --tokenizer bytes, then data.path=DIR; README: Your own corpus)")
 
 
 def looks_like_text(file: Path) -> bool:
@@ -55,8 +58,8 @@ def looks_like_text(file: Path) -> bool:
     return printable / len(text) >= 0.95
 
 
-def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int) -> str | None:
-    """Why the token file can't be trained on (the message's middle), or None."""
+def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int, scan: bool = True) -> str | None:
+    """Why the token file can't be trained on (the message's middle), or None; `scan`: also read its ids."""
     import numpy as np
 
     file = Path(path).expanduser()
@@ -78,6 +81,8 @@ def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int) -> 
     if size // itemsize < seq_len + 1:
         return (f"holds {size // itemsize} tokens, fewer than one sample (data.seq_len + 1 = {seq_len + 1}): lower "
                 "data.seq_len or use a longer file")
+    if not scan:
+        return None
     tokens = np.memmap(file, dtype=np.dtype(dtype), mode="r")
     windows: list[Any]
     if size <= SCAN_BYTES:
@@ -97,16 +102,49 @@ def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int) -> 
     return None
 
 
-def check_token_file(cfg: DictConfig) -> None:
+def source_problem(spec: Any, seq_len: int, vocab_size: int) -> str | None:
+    """Why one resolved source (train/data/spec.py SourceSpec) can't be trained on (the message's middle), or None:
+    a prepared dataset by its manifest, token files by what they hold (a glob: every size, a sample of files)."""
+    if spec.manifest is not None:
+        tokenizer = spec.manifest.tokenizer
+        if tokenizer.vocab_size > vocab_size:
+            return (f"was prepared with a vocabulary of {tokenizer.vocab_size} ids (tokenizer {tokenizer.name}) but "
+                    f"model.vocab_size={vocab_size}: set model.vocab_size={tokenizer.vocab_size} (or more)")
+        if spec.windows(seq_len) < 1:
+            return (f"holds {spec.tokens} train tokens, fewer than one sample (data.seq_len + 1 = {seq_len + 1}): "
+                    "lower data.seq_len or prepare more text")
+        return None
+    if spec.kind == "file":
+        return token_file_problem(spec.path, spec.dtype, seq_len, vocab_size)
+    step = max(1, len(spec.files) // GLOB_FILES_SCANNED)
+    scanned = set(spec.files[::step]) | {spec.files[-1]}
+    for file in spec.files:
+        problem = token_file_problem(str(file), spec.dtype, 0, vocab_size, scan=file in scanned)
+        if problem:
+            return f"holds {file}, which {problem}"
+    if spec.windows(seq_len) < 1:
+        return (f"holds {spec.tokens} tokens in all, fewer than one sample (data.seq_len + 1 = {seq_len + 1}): "
+                "lower data.seq_len or add files")
+    return None
+
+
+def check_token_data(cfg: DictConfig) -> None:
+    """data=tokens: what data.path (or each of data.sources) points at can be trained on by this model."""
+    from train.data.spec import token_sources
+
     d = cfg.data
-    if d.get("_target_") or d.name != "tokens":
+    if d.get("_target_"):
         return
-    if not d.path:
-        raise ConfigError("data=tokens needs a token file: add data.path=/path/to/tokens.bin")
-    problem = token_file_problem(str(d.path), str(d.dtype), int(d.seq_len), int(cfg.model.vocab_size))
-    if problem:
-        raise ConfigError(f"data.path={d.path} {problem}" + ("" if ":" in problem else
-                                                             ": point data.path at a file of token ids"))
+    if d.name != "tokens":
+        if d.get("sources"):
+            raise ConfigError(f"data.sources mixes token data on disk, which data={d.name} does not read: add "
+                              "data=tokens")
+        return
+    for spec in token_sources(d):
+        problem = source_problem(spec, int(d.seq_len), int(cfg.model.vocab_size))
+        if problem:
+            raise ConfigError(f"{spec.key}={spec.path} {problem}" + ("" if ":" in problem else
+                                                                      f": point {spec.key} at a file of token ids"))
 
 
 def _netrc_has(host: str) -> bool:
@@ -137,5 +175,5 @@ def check_credentials(cfg: DictConfig) -> None:
 
 def check_inputs(cfg: DictConfig) -> None:
     check_run_root(cfg)
-    check_token_file(cfg)
+    check_token_data(cfg)
     check_credentials(cfg)

@@ -65,7 +65,8 @@ class DataConfig:
     seed: int = num("${trainer.seed}", 0, SEED_MAX)  # type: ignore[assignment]
     # synthetic: probability that the next token follows the hidden transition table (the learnable part).
     signal: float = num(0.9, 0, 1)
-    # tokens: a flat binary file of token ids (numpy memmap).
+    # tokens: a flat binary file of token ids (numpy memmap), a prepared directory (python -m launcher.prepare; its
+    # manifest sets the dtype and the vocabulary) or a glob of token files read as one stream.
     path: str | None = None
     dtype: str = "uint16"
     shuffle: bool = True

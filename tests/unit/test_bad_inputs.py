@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import copy_example, hq, launcher_env
+from tests.prepared_data import write_prepared
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,9 @@ CASES = [
                                                                 "(optim.lr: 0.003 -> 0.001): pick another run.name"),
     Case("damaged-config", ("run.name=damaged",), "config.yaml is damaged (line 2, column 9: while parsing a flow "
                                                   "sequence"),
+    # -- prepared datasets and mixtures (tests/prepared_data.py) --------------------------------------------------
+    Case("prepared-vocab", ("data=tokens", "data.path=prepared_big"), "data.path=prepared_big was prepared with a "
+         "vocabulary of 300 ids (tokenizer big) but model.vocab_size=256: set model.vocab_size=300"),
 ]
 
 
@@ -204,6 +208,7 @@ def _make_files(project: Path) -> None:
     _fake_run(project / "runs" / "done", _saved_config(), 200)
     _fake_run(project / "runs" / "damaged", "model:\n  name: [tiny\n", 5)
     (project / "conf" / "model" / "broken.yaml").write_text("name: broken\n_target_: model.ConvLM\nargs: {dim: [64}\n")
+    write_prepared(project / "prepared_big", [list(range(300))], vocab=300, tokenizer="big")
 
 
 def _submitted_from(base: Path, since: str) -> list[str]:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol
 
-from launcher.errors import ConfigError
 from train.data.index import INDEX_VERSION
 
 
@@ -26,11 +24,21 @@ def build_source(data_cfg: Any, vocab_size: int, index_version: int = INDEX_VERS
 
         return SyntheticTokens(vocab_size, data_cfg.seq_len, data_cfg.seed, data_cfg.signal)
     if data_cfg.name == "tokens":
-        from train.data.windows import MemmapTokens
-
-        if not data_cfg.path or not Path(data_cfg.path).expanduser().is_file():
-            raise ConfigError(f"data.path={data_cfg.path} is not a file here (was it moved after submitting?): "
-                              "point data.path at the token file")
-        return MemmapTokens(data_cfg.path, data_cfg.dtype, data_cfg.seq_len, data_cfg.seed, data_cfg.shuffle,
-                            index_version)
+        return token_source(data_cfg, index_version)
     raise ValueError(f"unknown data source {data_cfg.name!r}")
+
+
+def token_source(data_cfg: Any, index_version: int = INDEX_VERSION) -> TokenSource:
+    """data=tokens: the windows of data.path (a token file, a prepared directory's train split, a glob of files),
+    or a mixture of data.sources."""
+    from train.data.spec import token_sources
+    from train.data.windows import WindowSource
+
+    specs = token_sources(data_cfg, on_ranks=True)
+    windows = {s.name: WindowSource(s.stream(), int(data_cfg.seq_len), int(data_cfg.seed), bool(data_cfg.shuffle),
+                                    s.name, index_version, what=f"{s.key}={s.path}") for s in specs}
+    if not data_cfg.get("sources"):
+        return windows[""]
+    from train.data.mixture import Mixture
+
+    return Mixture(windows, {s.name: s.weight for s in specs})
