@@ -1,7 +1,10 @@
 """RUN_DIR/events.jsonl: one line per attempt's end, and the figures derived from it. Pure stdlib (login side).
 
-    {"time": epoch, "kind": "finished" | "preempted" | "stopped" | "crashed" | "hung" | "limit_reached",
-     "attempt": SLURM_RESTART_COUNT, "job": id, "host": name, "step": N, "steps_lost": K, ...}
+    {"time": epoch, "kind": "finished" | "preempted" | "stopped" | "cancelled" | "crashed" | "hung" | "limit_reached",
+     "attempt": N, "job": id, "host": name, "step": N, "steps_lost": K, ...}
+
+`attempt` counts a job's attempts as SLURM does (SLURM_RESTART_COUNT); a local run's attempts are counted over
+the run directory (start_local_attempt), so that a run stopped, crashed or killed and run again gets 0, 1, 2, ...
 
 Goodput is the share of the attempts' wall time spent on steps that counted: the steps of the run (each once)
 times their median duration, over the summed duration of every attempt.
@@ -10,12 +13,16 @@ times their median duration, over the summed duration of every attempt.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 EVENTS_FILE = "events.jsonl"
+# One line per local attempt, written as it starts: "N START_TIME HOST PID".
+LOCAL_ATTEMPTS_FILE = "local_attempts.txt"
 UNEXPECTED = ("crashed", "hung")
 
 
@@ -38,6 +45,25 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return events
 
 
+def start_local_attempt(run_dir: Path) -> int:
+    """Number a local attempt of the run as it starts and note it: one past every earlier local attempt, those that
+    recorded their end and those that died without a word (each start is a line of RUN_DIR/local_attempts.txt;
+    ends recorded before that file existed count too)."""
+    ledger = Path(run_dir) / LOCAL_ATTEMPTS_FILE
+    started = []
+    if ledger.is_file():
+        for line in ledger.read_text().splitlines():
+            head = line.split(maxsplit=1)[:1]
+            if head and head[0].isdigit():
+                started.append(int(head[0]))
+    ended = [e for e in read_events(run_dir) if e.get("job") is None]
+    number = max(1 + max(started, default=-1), len(ended),
+                 1 + max((int(e.get("attempt") or 0) for e in ended), default=-1))
+    with open(ledger, "a") as f:
+        f.write(f"{number} {time.time():.3f} {socket.gethostname()} {os.getpid()}\n")
+    return number
+
+
 def settle_steps_lost(run_dir: Path, resumed_step: int) -> None:
     """A resume knows what the last attempt really lost: its end's step less the step resumed from. (At a crash an
     asynchronous save may still complete after the end was recorded, so the recorded count can be too high.)"""
@@ -45,7 +71,7 @@ def settle_steps_lost(run_dir: Path, resumed_step: int) -> None:
     if not events or events[-1].get("step") is None:
         return
     last = events[-1]
-    if last.get("kind") not in ("crashed", "hung", "preempted", "stopped"):
+    if last.get("kind") not in ("crashed", "hung", "preempted", "stopped", "cancelled"):
         return
     lost = max(0, int(last["step"]) - int(resumed_step))
     if last.get("steps_lost") == lost:

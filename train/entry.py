@@ -50,12 +50,13 @@ def run(config_path: str | Path) -> int:
     from train.loop import train
     from train.metrics import log, setup_logging
     from train.preemption import RequeueLimitReached, requeue
-    from train.recovery import end_of_attempt, recover
+    from train.recovery import begin_attempt, end_of_attempt, recover
     from train.watchdog import Watchdog
 
     run_dir = Path(config_path).resolve().parent
     env = distributed.detect()
     setup_logging(env)
+    begin_attempt(run_dir, env.is_main)
     # Reproducible CPU math needs a fixed thread count; it is a config value, not a property of the host.
     torch.set_num_threads(cfg.trainer.cpu_threads)
     if cfg.trainer.deterministic:
@@ -98,10 +99,9 @@ def run(config_path: str | Path) -> int:
         watchdog.close()
         distributed.destroy_process_group()
         flag.close()
-    if env.is_main:
-        end_of_attempt(run_dir, result.outcome, result.state.step, started)
-    if result.outcome.requeue_job:
-        requeue(result.outcome.requeue_job)  # last: it ends this attempt
+    requeue_job = end_of_attempt(run_dir, result.outcome, result.state.step, started) if env.is_main else None
+    if requeue_job:
+        requeue(requeue_job)  # last: it ends this attempt
     return result.outcome.exit_code
 
 

@@ -25,6 +25,9 @@ from train.signals import StopFlag
 
 # Fault injection for tests: "STEP:RANK" makes RANK send itself the preemption signal after STEP.
 TEST_SIGNAL_ENV = "SLURMTRAIN_TEST_SIGNAL"
+# Fault injection for tests: "RANK" dies (SIGKILL) at its first step boundary after a SIGTERM, as a rank does whose
+# node ends it before it can save (a cancel's KillWait running out on one node first).
+TEST_DIE_ON_TERM_ENV = "SLURMTRAIN_TEST_DIE_ON_TERM"
 # Codes the ranks agree on: 0 nothing, 1 stop (SIGTERM: save, no requeue), 2 stop and requeue.
 NOTHING, STOP, REQUEUE = 0, 1, 2
 
@@ -48,12 +51,15 @@ class PreemptionWatcher:
         self.group = cpu_group()
         spec = os.environ.get(TEST_SIGNAL_ENV)
         self._test_trigger = tuple(int(x) for x in spec.split(":")) if spec else None
+        self._test_die_on_term = os.environ.get(TEST_DIE_ON_TERM_ENV) == str(env.rank)
         self.agreed = NOTHING
 
     def stop_requested(self, step: int) -> bool:
         """Collective: every rank must call it at every step boundary."""
         if self._test_trigger == (step, self.env.rank):
             os.kill(os.getpid(), self.flag.preempt)
+        if self._test_die_on_term and self.flag.received == signal.SIGTERM:
+            os.kill(os.getpid(), signal.SIGKILL)
         local = REQUEUE if self.flag.wants_requeue else STOP if self.flag.received is not None else NOTHING
         self.agreed = all_reduce_max(local, torch.device("cpu"), self.group)
         return self.agreed != NOTHING

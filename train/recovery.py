@@ -5,6 +5,9 @@ rank acts even though every rank fails soon after. Within `cluster.max_failures`
 again from the newest complete checkpoint, leaving out the failed host when the partition has nodes to spare
 (`ExcNodeList`, set by a detached helper once the job is pending again). Configuration errors (exit code 2)
 never come here. RUN_DIR/events.jsonl gets one line per attempt's end (launcher/events.py reads it).
+
+A job that a user cancelled (`scancel` of the job, its array or the task) has not failed, even where its ranks fail
+because the cancel ended a peer first: nothing is requeued, no node is left out, and the end is `cancelled`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.events import is_secondary_text, record_event, unexpected_failures
+from launcher import accounting
+from launcher.events import is_secondary_text, record_event, start_local_attempt, unexpected_failures
 from train import ckpt_layout as layout
 from train.metrics import log
 from train.preemption import slurm_job_id
@@ -29,8 +33,21 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+# Outside SLURM: this attempt's number in the run, taken by rank 0 as it starts (begin_attempt).
+_local_attempt = 0
+
+
+def begin_attempt(run_dir: Path, is_main: bool) -> None:
+    """Rank 0 of a run outside SLURM numbers its attempt from the run directory (SLURM numbers a job's attempts)."""
+    global _local_attempt
+    if is_main and slurm_job_id() is None:
+        _local_attempt = start_local_attempt(run_dir)
+
+
 def attempt() -> int:
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if slurm_job_id() is not None:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    return _local_attempt
 
 
 def is_secondary(err: BaseException) -> bool:
@@ -66,6 +83,22 @@ def _excluded_now(job: str) -> list[str]:
     return []
 
 
+def cancelled(job: str) -> bool:
+    """Whether a user cancelled the job (`scancel` of the job, its array or the task) while its ranks still run. It
+    reads COMPLETING in scontrol until they are gone, and the accounting has the cause. A step that srun ends
+    because a rank failed leaves the job RUNNING, and a job we requeue reads REQUEUED."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30,
+                             check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    state = next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), None)
+    if state != "COMPLETING":
+        return state == "CANCELLED"
+    rows = (accounting.attempts([job]) or {}).get(job) or []
+    return bool(rows) and rows[-1].state == "CANCELLED"
+
+
 def usable_nodes(partition: str | None) -> list[str]:
     args = ["sinfo", "-h", "-N", "-o", "%N %t"] + (["-p", partition] if partition else [])
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False).stdout
@@ -97,11 +130,18 @@ def error_summary(err: BaseException, limit: int = 600) -> str:
     return f"{text[:head]} ... {text[-(limit - head - 5):]}"
 
 
-def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> None:
-    """Rank 0, after an attempt that ended on its own terms: finished, or stopped by a signal."""
+def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> str | None:
+    """Rank 0, after an attempt that ended on its own terms: finished, stopped by a signal (a user's scancel:
+    cancelled) or preempted. Returns the job to requeue, never one that a user cancelled meanwhile."""
+    job = slurm_job_id()
     kind = "preempted" if outcome.requeue_job else "stopped" if outcome.stopped else "finished"
-    record_event(run_dir, kind, attempt=attempt(), job=slurm_job_id(), host=node_name(), step=step,
+    requeue_job = outcome.requeue_job
+    if job is not None and kind != "finished" and cancelled(job):
+        log.info("job %s was cancelled: checkpointed at step %d%s", job, step, "; not requeueing" if requeue_job else "")
+        kind, requeue_job = "cancelled", None
+    record_event(run_dir, kind, attempt=attempt(), job=job, host=node_name(), step=step,
                  steps_lost=0, started=started, ended=time.time())
+    return requeue_job
 
 
 def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err: BaseException | None = None,
@@ -112,7 +152,7 @@ def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err
     job = slurm_job_id()
     if job is None or cfg.cluster is None:
         if is_main:
-            record_event(run_dir, kind, attempt=0, job=None, host=host or node_name(), step=step,
+            record_event(run_dir, kind, attempt=attempt(), job=job, host=host or node_name(), step=step,
                          steps_lost=steps_lost(run_dir, step), started=started, ended=time.time())
         return
     if err is not None and is_secondary(err):
@@ -125,6 +165,12 @@ def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err
     if not _claim(run_dir, job):
         return
     lost = steps_lost(run_dir, step)
+    if cancelled(job):
+        # The ranks failed because the cancel ended one of them first: nothing to requeue, no node to blame.
+        log.warning("job %s was cancelled (%s at step %d): not requeueing", job, kind, step)
+        record_event(run_dir, "cancelled", attempt=attempt(), job=job, host=node_name(), step=step, steps_lost=lost,
+                     started=started, ended=time.time(), error=None if err is None else error_summary(err))
+        return
     budget = int(cfg.cluster.max_failures)
     failed = unexpected_failures(run_dir) + 1
     record_event(run_dir, kind, attempt=attempt(), job=job, host=host if kind == "hung" else host or node_name(),

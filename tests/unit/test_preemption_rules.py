@@ -72,8 +72,10 @@ def test_sigterm_saves_but_does_not_requeue(monkeypatch: pytest.MonkeyPatch) -> 
 def test_an_attempt_stopped_by_sigterm_is_recorded_as_stopped(monkeypatch: pytest.MonkeyPatch,
                                                                tmp_path: Path) -> None:
     from launcher.events import read_events
+    from train import recovery
     from train.recovery import end_of_attempt
 
+    monkeypatch.setattr(recovery, "cancelled", lambda job: False)  # SLURM's word on a cancel: test_attempt_ends.py
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     rank0 = DistEnv(0, 0, 2, 1, "n1", 1, "slurm", "n1")
     outcome = after_stop(rank0, OmegaConf.create({"cluster": {"max_requeues": 3}}), 5, agreed=STOP)
