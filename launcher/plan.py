@@ -42,6 +42,8 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  # The layout: a run may resume on another one (DCP reshards).
                  "parallel",
                  "trainer.max_steps",
+                 # Resuming on changed data is a launch-time permission, not a setting of what is trained.
+                 "data.allow_changed",
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every", "trainer.prefetch_steps",
                  # Derived from the global batch and the world size: a run may resume on another world size.
                  "trainer.grad_accum_steps", "optim.scaled_lr")

@@ -1,9 +1,9 @@
 """Re-using a run directory means resuming it: checks of what the directory holds before anything is written.
 
 Refused, each with the safe way out first: a directory whose saved config is damaged (restore it from the newest
-checkpoint's copy), a run with other training settings (named, old and new values), a run already past
-`trainer.max_steps`, starting over on top of checkpoints without `run.overwrite=true`, and a DeepSpeed checkpoint
-on another world size.
+checkpoint's copy), a run with other training settings (named, old and new values), a checkpoint trained on other
+data (its data fingerprint; data.allow_changed=true lets the data change), a run already past `trainer.max_steps`,
+starting over on top of checkpoints without `run.overwrite=true`, and a DeepSpeed checkpoint on another world size.
 """
 
 from __future__ import annotations
@@ -84,12 +84,30 @@ def _differs(run_dir: Path, changes: list[tuple[str, Any, Any]]) -> ConfigError:
     )
 
 
+def _data_choice(key: str) -> bool:
+    """Keys that say which data is read: data.allow_changed=true lets them change on resume."""
+    return key in ("data.path", "data.dtype") or key.startswith("data.sources")
+
+
+def check_data_unchanged(cfg: DictConfig, run_dir: Path) -> None:
+    """The newest checkpoint was trained on the data this config reads (its fingerprint, train/data/fingerprint.py;
+    also in a directory without config.yaml, where a checkpoint was copied in)."""
+    from train.data.fingerprint import refuse_changed_data
+
+    latest = layout.latest_complete_checkpoint(run_dir)
+    if latest is not None and cfg.run.resume and not cfg.run.overwrite:
+        refuse_changed_data(cfg.data, latest.path, latest.step)
+
+
 def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
     existing = run_dir / "config.yaml"
     if not existing.is_file() or cfg.run.overwrite:
+        check_data_unchanged(cfg, run_dir)
         return
     old = _load_saved(existing, run_dir)
     changes = changed_settings(old, cfg)
+    if cfg.data.get("allow_changed"):
+        changes = [c for c in changes if not _data_choice(c[0])]
     if changes:
         raise _differs(run_dir, changes)
     latest = layout.latest_complete_checkpoint(run_dir)
@@ -100,6 +118,7 @@ def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
             f"{run_dir} has a checkpoint at step {latest.step} and run.resume=false: pick another run.name to start "
             "a new run, or add run.overwrite=true to delete it and start over"
         )
+    check_data_unchanged(cfg, run_dir)
     if latest.step > cfg.trainer.max_steps:
         raise ConfigError(
             f"{run_dir} is already at step {latest.step} (its newest checkpoint), past trainer.max_steps="

@@ -70,6 +70,9 @@ class DataConfig:
     path: str | None = None
     dtype: str = "uint16"
     shuffle: bool = True
+    # A checkpoint records the fingerprint of the data it was trained on; resuming on other data (another file,
+    # changed contents, other sources or weights) is refused unless this is true. Not a training setting.
+    allow_changed: bool = False
     # Bring your own data: a map-style dataset class (len and getitem) or a function returning one, instantiated
     # by Hydra with `args`. An item is a token sequence of seq_len + 1 (inputs and shifted targets), an
     # (inputs, targets) pair, or a dict with input_ids (and labels). Sample i of the global stream is item

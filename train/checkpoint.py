@@ -130,6 +130,9 @@ class CheckpointManager:
         # Seconds training waited on checkpointing, by where: the save call, the staging copy before an optimizer
         # step, finishing a save that a later step found written (marker, retention).
         self.stalls = {"save": 0.0, "staging": 0.0, "finish": 0.0}
+        # The fingerprint of the data this run reads (train/data/fingerprint.py), in every COMPLETE marker so that
+        # the launcher can refuse to resume it on other data; None: not token data.
+        self.data_fingerprint: dict[str, Any] | None = None
 
     # -- saving --------------------------------------------------------------------------------------------
     def save(self, state: Any, *, blocking: bool) -> None:
@@ -273,7 +276,8 @@ class CheckpointManager:
         if os.environ.get(TEST_KILL_ENV) == str(step):
             # Fault injection for tests: die the hard way at the worst moment, shards written, marker not yet.
             os.kill(os.getpid(), signal.SIGKILL)
-        layout.write_marker(path, step=step, world_size=self.env.world_size)
+        data = {} if self.data_fingerprint is None else {"data": self.data_fingerprint}
+        layout.write_marker(path, step=step, world_size=self.env.world_size, **data)
         log.info("checkpoint step %d complete: %s", step, path)
         doomed = layout.to_delete(layout.list_checkpoints(self.run_dir), self.cfg.checkpoint.keep_last,
                                   self.cfg.checkpoint.keep_every)

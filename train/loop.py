@@ -28,6 +28,7 @@ from train.data import (
     micro_batch_indices,
     planned_micro_batches,
 )
+from train.data.fingerprint import data_fingerprint, refuse_changed_data
 from train.data.index import INDEX_VERSION, LEGACY_INDEX_VERSION
 from train.distributed import DistEnv, all_reduce_mean
 from train.metrics import MetricsLogger, log
@@ -70,6 +71,9 @@ def restore(ckpt: CheckpointManager, cfg: Any, env: DistEnv) -> TrainState:
     latest = ckpt.latest() if cfg.run.resume else None
     if latest is None:
         return TrainState()
+    # Before loading anything: a checkpoint trained on other data is not resumed (the launcher refused it already,
+    # unless the data changed since, e.g. before a requeue).
+    refuse_changed_data(cfg.data, latest.path, latest.step, on_ranks=True)
     saved = ckpt.load(latest)
     saved.setdefault("data_index", LEGACY_INDEX_VERSION)
     state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
@@ -186,6 +190,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     # Per-rank stream for anything random after init (dropout); a resume restores the saved streams instead.
     seed_everything(t.seed + 1000 * env.rank)
     ckpt = CheckpointManager(cfg, env, run_dir, strategy)
+    ckpt.data_fingerprint = data_fingerprint(cfg.data, on_ranks=True)
     state = restore(ckpt, cfg, env)
     state.wandb_id = state.wandb_id or new_wandb_id(cfg, env)
     if cfg.checkpoint.async_save and 0 < t.ckpt_every < t.max_steps - state.step:

@@ -161,6 +161,8 @@ CASES = [
     # -- prepared datasets and mixtures (tests/prepared_data.py) --------------------------------------------------
     Case("prepared-vocab", ("data=tokens", "data.path=prepared_big"), "data.path=prepared_big was prepared with a "
          "vocabulary of 300 ids (tokenizer big) but model.vocab_size=256: set model.vocab_size=300"),
+    Case("data-changed", ("data=tokens", "data.path=tokens.bin", "model.vocab_size=1000", "run.name=copied"),
+         "copied's checkpoint at step 5 was trained on other data (data.path: 000000000000 -> "),
 ]
 
 
@@ -209,6 +211,11 @@ def _make_files(project: Path) -> None:
     _fake_run(project / "runs" / "damaged", "model:\n  name: [tiny\n", 5)
     (project / "conf" / "model" / "broken.yaml").write_text("name: broken\n_target_: model.ConvLM\nargs: {dim: [64}\n")
     write_prepared(project / "prepared_big", [list(range(300))], vocab=300, tokenizer="big")
+    # A checkpoint copied into a run directory of its own (no config.yaml), trained on other data.
+    (project / "runs" / "copied" / "checkpoints" / "step_5").mkdir(parents=True)
+    other = {"data.path": {"fingerprint": "sha256:" + "0" * 64, "weight": 1.0}}
+    (project / "runs" / "copied" / "checkpoints" / "step_5" / "COMPLETE").write_text(
+        json.dumps({"step": 5, "world_size": 1, "data": other}))
 
 
 def _submitted_from(base: Path, since: str) -> list[str]:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from train.data import MemmapTokens, TokenStream, WindowSource
 from train.data.index import INDEX_VERSION, LEGACY_INDEX_VERSION, EpochOrder, epoch_order
@@ -84,7 +85,8 @@ def test_a_checkpoint_without_an_index_version_keeps_the_old_order(tmp_path: Pat
         def load(self, _: object) -> dict:
             return {"step": 4, "samples": 64, "tokens": 1024, "wandb_id": None}
 
-    cfg = SimpleNamespace(run=SimpleNamespace(resume=True))
+    cfg = OmegaConf.create({"run": {"resume": True}, "data": {"name": "tokens", "path": str(path), "_target_": None,
+                                                              "dtype": "uint16", "allow_changed": False}})
     state = restore(Saved(), cfg, SimpleNamespace(is_main=False))  # type: ignore[arg-type]
     assert state.data_index == LEGACY_INDEX_VERSION
     assert MemmapTokens(str(path), "uint16", 16, 7, True).order.__class__ is EpochOrder

@@ -7,11 +7,12 @@ config and the seed, so a resume on any number of ranks continues exactly.
     index.py        the order of windows within an epoch: a keyed bijection, never materialised; INDEX_VERSION
     spec.py         what data=tokens points at (data.path, data.sources), resolved: files, dtype, manifest, weight
     prepared.py     a prepared dataset's validation split as sources (its train split is read through spec.py)
+    fingerprint.py  the fingerprint of the data a run reads, saved with every checkpoint, compared on resume
     dataset.py      a user's map-style dataset (data._target_)
     batches.py      micro batches by global index (micro_batch_indices, load_micro_batch, split_sample)
 
 Only batches.py and dataset.py need torch, and this package imports its modules when a name is first asked for:
-the launcher reads the torch-free ones (spec, index, windows) on a login node.
+the launcher reads the torch-free ones (spec, fingerprint, index, windows) on a login node.
 """
 
 from __future__ import annotations
