@@ -50,7 +50,7 @@ def _git_revision() -> str | None:
 
 def clear_for_overwrite(run_dir: Path) -> None:
     """run.overwrite=true: the user asked for a fresh start in this directory."""
-    for name in ("checkpoints", "metrics.jsonl", "wandb"):
+    for name in ("checkpoints", "metrics.jsonl", "wandb", "events.jsonl", "local_attempts.txt"):
         path = run_dir / name
         if path.is_dir():
             shutil.rmtree(path)

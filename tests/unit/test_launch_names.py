@@ -105,3 +105,13 @@ def test_a_finished_run_starts_nothing_and_writes_nothing(tmp_path: Path, capsys
     assert dispatch(cfg, argv=["launcher"]) == 0
     assert "nothing to do" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_overwrite_starts_the_run_over_with_no_old_ends_or_attempts(tmp_path: Path) -> None:
+    from launcher.rundir import clear_for_overwrite
+
+    for name in ("events.jsonl", "local_attempts.txt", "metrics.jsonl"):
+        (tmp_path / name).write_text("{}\n")
+    (tmp_path / "logs").mkdir()
+    clear_for_overwrite(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
