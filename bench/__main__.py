@@ -19,6 +19,7 @@ BENCHMARKS = {
     "telemetry_overhead": "bench.telemetry_overhead",
     "loop_overhead": "bench.loop_overhead",
     "preemption_turnaround": "bench.preemption_turnaround",
+    "prepare_throughput": "bench.prepare_throughput",
     "data_scale": "bench.data_scale",
 }
 
