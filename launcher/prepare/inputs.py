@@ -25,6 +25,7 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 COMPRESSIONS = {".gz": "gz", ".zst": "zst"}
 _GLOB_CHARS = set("*?[")
+SKIPPED_DIRS = {"__pycache__"}  # Python's byte code beside the sources of a code corpus
 
 
 class BadInput(ConfigError):
@@ -62,8 +63,8 @@ def format_of(path: str) -> tuple[str, str | None]:
 
 def resolve_inputs(specs: list[str], exclude: Path | None = None) -> list[InputFile]:
     """Every input file named by `specs` (files, directories searched recursively, globs), sorted by path and
-    without repeats. Hidden files and directories (a name starting with '.') inside a directory are skipped, and
-    so is everything under `exclude` (the output directory, when it lies inside an input directory)."""
+    without repeats. Hidden files and directories (a name starting with '.') and __pycache__ inside a directory are
+    skipped, and so is everything under `exclude` (the output directory, when it lies inside an input directory)."""
     found: set[Path] = set()
     for spec in specs:
         path = Path(spec).expanduser()
@@ -103,7 +104,7 @@ def resolve_inputs(specs: list[str], exclude: Path | None = None) -> list[InputF
 
 def _walk(root: Path) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIPPED_DIRS)
         for name in filenames:
             if not name.startswith("."):
                 path = Path(dirpath) / name

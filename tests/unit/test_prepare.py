@@ -129,6 +129,8 @@ def _build_corpus(root: Path, start: int = 0) -> list[str]:
     (root / "h.txt.gz").write_bytes(gzip.compress(doc.encode()))
     files["h.txt.gz"] = [doc]
     (root / ".hidden.txt").write_text("never read")
+    (root / "sub" / "__pycache__").mkdir()
+    (root / "sub" / "__pycache__" / "c.cpython-311.pyc").write_bytes(b"\x00\xff never read")
     return [d for name in sorted(files, key=lambda n: str(root / n)) for d in files[name]]
 
 
@@ -239,7 +241,9 @@ def test_shards_decode_back_to_the_documents(tmp_path: Path, bpe: Path, tokenize
         assert manifest.tokenizer.fingerprint == "sha256:" + hashlib.sha256(bpe.read_bytes()).hexdigest()
         assert manifest.tokenizer.path == str(bpe)
     assert [s.path for s in manifest.sources] == sorted(
-        str(p) for p in (tmp_path / "corpus").rglob("*") if p.is_file() and not p.name.startswith(".")
+        str(p)
+        for p in (tmp_path / "corpus").rglob("*")
+        if p.is_file() and not p.name.startswith(".") and "__pycache__" not in p.parts
     )
     assert sum(s.documents for s in manifest.sources) == len(docs)
     assert len(manifest.split("train").shards) > 1  # several tasks
