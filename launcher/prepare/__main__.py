@@ -124,17 +124,25 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"--task-mb {args.task_mb}: give a positive size in megabytes, e.g. 256")
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" if n == 1 else f"{n:,} {what}s"
+
+
 def _summary(manifest: Manifest, plan: Plan, written: int) -> str:
     parts = []
     for name in ("train", "val"):
         s = manifest.split(name)
-        parts.append(f"{name} {s.tokens:,} tokens ({s.documents:,} documents, {len(s.shards)} shards)")
+        parts.append(
+            f"{name} {_count(s.tokens, 'token')} ({_count(s.documents, 'document')}, "
+            f"{_count(len(s.shards), 'shard')})"
+        )
     total = len(plan.tasks)
-    how = (
-        (f"{written} of {total} tasks written" if written < total else f"{total} tasks")
-        if written
-        else (f"already complete, {total} tasks")
-    )
+    if not written:
+        how = f"already complete ({_count(total, 'task')})"
+    elif written < total:
+        how = f"{written} of {_count(total, 'task')} written, the others were complete"
+    else:
+        how = _count(total, "task")
     return (
         f"prepared {plan.out}: {', '.join(parts)}; {how}\n"
         f"tokenizer {plan.tokenizer.describe()}; dtype {manifest.dtype}; fingerprint {manifest.fingerprint}"
