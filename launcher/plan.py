@@ -76,6 +76,8 @@ class Plan:
     layout_lines: tuple[str, ...] = ()
     # A dry run's plan of a config that would be refused: the one-line reason, printed after the plan (exit 2).
     refusal: str = ""
+    # data=tokens: how much of each source the run reads (data_lines), and a warning line per source it repeats.
+    data_lines: tuple[str, ...] = ()
 
     @property
     def gpu_hours(self) -> float:
@@ -115,6 +117,7 @@ class Plan:
             lines.append(f"  learning rate {self.lr:.4g}{self.lr_note}")
         if self.budget is not None:
             lines.append(f"  {self.budget.line()}")
+        lines += [f"  {line}" for line in self.data_lines]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -133,6 +136,8 @@ class Plan:
             out["strategy_reasons"] = self.fit.strategy_reasons
         if self.budget is not None:
             out["budget"] = asdict(self.budget)
+        if self.data_lines:
+            out["data"] = list(self.data_lines)
         return out
 
 
@@ -193,7 +198,7 @@ def count_parameters(m: Any) -> int:
 # command must keep resuming them). Add every new training key here, with its default.
 NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
                     "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
-                    "data._target_": None, "data.args": {}}
+                    "data._target_": None, "data.args": {}, "data.sources": {}}
 
 
 def training_settings(cfg: DictConfig) -> dict[str, Any]:
@@ -379,8 +384,34 @@ def make_plan(cfg: DictConfig) -> Plan:
         refusal=refusal,
         data_parallel=dp,
         layout_lines=tuple(summary_lines(degrees, world, accum)),
+        data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch),
         **_reservation(cfg),
     )
+
+
+def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
+    """data=tokens: what the run's `samples` samples read of each source, in epochs, and a warning for each
+    source the run will read more than once (train/data/spec.py, mixture.py: the arithmetic the ranks use)."""
+    d = cfg.data
+    if d.get("_target_") or d.name != "tokens":
+        return ()
+    from train.data.mixture import samples_per_source
+    from train.data.spec import token_sources
+
+    specs, seq_len = token_sources(d), int(d.seq_len)
+    counts = samples_per_source([s.weight for s in specs], samples) if d.get("sources") else [samples]
+    parts, warnings = [], []
+    for spec, count in zip(specs, counts, strict=True):
+        windows = spec.windows(seq_len)
+        epochs = count / windows
+        what = (f"{spec.name} {spec.weight:.3g} = {count:,}" if spec.name else
+                f"{spec.key}={spec.path} ({spec.kind}): {count:,}")
+        parts.append(f"{what} of its {windows:,} ({epochs:.3g} epochs)")
+        if epochs > 1:
+            warnings.append(f"warning: {spec.key.removesuffix('.path')} repeats: the run reads its {windows:,} samples "
+                            f"{epochs:.3g} times over; add data or lower trainer.max_steps")
+    head = f"data: {samples:,} samples of {seq_len + 1} tokens over the run: "
+    return (head + "; ".join(parts), *warnings)
 
 
 def _deferred(cfg: DictConfig, check: Any, *args: Any, **kwargs: Any) -> str:

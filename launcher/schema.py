@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 # Seeds go to torch, numpy and Python's random alike; numpy takes 32 bits.
 SEED_MAX = 2**32 - 1
@@ -70,6 +70,9 @@ class DataConfig:
     path: str | None = None
     dtype: str = "uint16"
     shuffle: bool = True
+    # tokens: a mixture instead of one path, data.sources.NAME.path=... data.sources.NAME.weight=0.7 (train/data/
+    # mixture.py): which source and window a sample reads is a pure function of its index, the weights and the seed.
+    sources: dict[str, Any] = field(default_factory=dict)
     # A checkpoint records the fingerprint of the data it was trained on; resuming on other data (another file,
     # changed contents, other sources or weights) is refused unless this is true. Not a training setting.
     allow_changed: bool = False
@@ -340,3 +343,8 @@ def register() -> None:
     # The top-level schema types every group's node, so group files are validated without schemas of their own
     # (which would also show up as bogus choices in Hydra's "Available options" list).
     ConfigStore.instance().store(name="schema", node=Config)
+    # Hydra closes every dict, so a new key needs `+`; data.sources.NAME.path=... is how a mixture is typed: the
+    # data groups take this node (conf/data/*.yaml), whose sources dict is open.
+    sources = OmegaConf.create({"sources": {}})
+    OmegaConf.set_struct(sources.sources, False)
+    ConfigStore.instance().store(group="slurmtrain", name="open_sources", node=sources)

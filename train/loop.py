@@ -24,6 +24,7 @@ from train.data import (
     IGNORE_INDEX,
     TokenSource,
     build_source,
+    data_progress,
     load_micro_batch,
     micro_batch_indices,
     planned_micro_batches,
@@ -230,8 +231,9 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             logged: float | None = None
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps):
                 logged = losses[state.step] = float(all_reduce_mean(loss))
-                metrics.log(state.step, state.tokens, telemetry.collect(state.step, strategy), loss=logged, lr=lr,
-                            grad_norm=float(grad_norm))
+                metrics.log(state.step, state.tokens,
+                            {**telemetry.collect(state.step, strategy), **data_progress(source, state.samples)},
+                            loss=logged, lr=lr, grad_norm=float(grad_norm))
             metrics.tick(state.step, logged)
             stop = state.step < t.max_steps and watcher.stop_requested(state.step)
             watchdog.step_finished(state.step)

@@ -137,16 +137,17 @@ def telemetry_text(row: dict[str, Any]) -> str:
 
 
 def wandb_values(row: dict[str, Any]) -> dict[str, Any]:
-    """Scalars as they are, per-node throughput as one series per host, the straggler count; the per-rank
-    lists stay in metrics.jsonl (thousands of series would drown the dashboard)."""
+    """Scalars as they are, per-node throughput as one series per host, a mixture's tokens and epoch as one series
+    per source, the straggler count; the per-rank lists stay in metrics.jsonl (thousands of series would drown the
+    dashboard)."""
     out: dict[str, Any] = {}
     for key, value in row.items():
         if key == "time":
             continue  # wandb stamps every row itself (_timestamp)
         if isinstance(value, int | float):
             out[key] = value
-        elif key == "tokens_per_s_by_node":
-            out.update({f"tokens_per_s_by_node/{host}": v for host, v in value.items()})
+        elif key in ("tokens_per_s_by_node", "tokens_by_source", "epoch_by_source"):
+            out.update({f"{key}/{name}": v for name, v in value.items()})
         elif key == "stragglers":
             out["stragglers"] = len(value)
     return out

@@ -163,6 +163,20 @@ CASES = [
          "vocabulary of 300 ids (tokenizer big) but model.vocab_size=256: set model.vocab_size=300"),
     Case("data-changed", ("data=tokens", "data.path=tokens.bin", "model.vocab_size=1000", "run.name=copied"),
          "copied's checkpoint at step 5 was trained on other data (data.path: 000000000000 -> "),
+    Case("mixture-negative", ("data=tokens", "model.vocab_size=1000", "data.sources.a.path=tokens.bin",
+                              "data.sources.a.weight=-1"), "data.sources.a.weight=-1 is negative: give every source a "
+                                                           "weight >= 0"),
+    Case("mixture-zero", ("data=tokens", "model.vocab_size=1000", "data.sources.a.path=tokens.bin",
+                          "data.sources.a.weight=0", "data.sources.b.path=tokens.bin", "data.sources.b.weight=0.0"),
+         "data.sources weights are all zero (a, b): give at least one source a positive weight"),
+    Case("mixture-missing", ("data=tokens", "model.vocab_size=1000", "data.sources.a.path=tokens.bin",
+                             "data.sources.b.path=nowhere"), "data.sources.b.path=nowhere does not exist: point "
+                                                             "data.sources.b.path at a token file"),
+    Case("mixture-tokenizers", ("data=tokens", "model.vocab_size=300", "data.sources.a.path=prepared_big",
+                                "data.sources.b.path=prepared_bytes"), "data.sources.a and data.sources.b were "
+         "prepared with different tokenizers (big, vocabulary 300; bytes, vocabulary 257)"),
+    Case("mixture-data-group", ("data.sources.a.path=tokens.bin",), "data.sources mixes token data on disk, which "
+                                                                    "data=synthetic does not read: add data=tokens"),
 ]
 
 
@@ -211,6 +225,7 @@ def _make_files(project: Path) -> None:
     _fake_run(project / "runs" / "damaged", "model:\n  name: [tiny\n", 5)
     (project / "conf" / "model" / "broken.yaml").write_text("name: broken\n_target_: model.ConvLM\nargs: {dim: [64}\n")
     write_prepared(project / "prepared_big", [list(range(300))], vocab=300, tokenizer="big")
+    write_prepared(project / "prepared_bytes", [list(range(257))])
     # A checkpoint copied into a run directory of its own (no config.yaml), trained on other data.
     (project / "runs" / "copied" / "checkpoints" / "step_5").mkdir(parents=True)
     other = {"data.path": {"fingerprint": "sha256:" + "0" * 64, "weight": 1.0}}

@@ -1,18 +1,19 @@
 """Token sources addressed by a global sample index: what a sample is is a pure function of its index, the data
 config and the seed, so a resume on any number of ranks continues exactly.
 
-    sources.py      TokenSource, build_source: the one source a data config reads
+    sources.py      TokenSource, build_source: the one source a data config reads; data_progress for metrics
     synthetic.py    data=synthetic, a learnable stream
     windows.py      token files as one stream (TokenStream) and its windows as samples (WindowSource, MemmapTokens)
     index.py        the order of windows within an epoch: a keyed bijection, never materialised; INDEX_VERSION
     spec.py         what data=tokens points at (data.path, data.sources), resolved: files, dtype, manifest, weight
     prepared.py     a prepared dataset's validation split as sources (its train split is read through spec.py)
+    mixture.py      data.sources mixed by weight: the source and window of a sample index, a pure function
     fingerprint.py  the fingerprint of the data a run reads, saved with every checkpoint, compared on resume
     dataset.py      a user's map-style dataset (data._target_)
     batches.py      micro batches by global index (micro_batch_indices, load_micro_batch, split_sample)
 
 Only batches.py and dataset.py need torch, and this package imports its modules when a name is first asked for:
-the launcher reads the torch-free ones (spec, fingerprint, index, windows) on a login node.
+the launcher reads the torch-free ones (spec, mixture, fingerprint, index, windows) on a login node.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOMES = {
-    "TokenSource": "sources", "build_source": "sources",
+    "TokenSource": "sources", "build_source": "sources", "data_progress": "sources",
     "SyntheticTokens": "synthetic",
     "TokenStream": "windows", "WindowSource": "windows", "MemmapTokens": "windows",
     "INDEX_VERSION": "index", "EpochOrder": "index",
@@ -30,8 +31,8 @@ _HOMES = {
     "split_sample": "batches", "load_micro_batch": "batches",
 }
 __all__ = ["INDEX_VERSION", "IGNORE_INDEX", "DatasetSource", "EpochOrder", "MemmapTokens", "SyntheticTokens",
-           "TokenSource", "TokenStream", "WindowSource", "build_source", "load_micro_batch", "micro_batch_indices",
-           "planned_micro_batches", "split_sample"]
+           "TokenSource", "TokenStream", "WindowSource", "build_source", "data_progress", "load_micro_batch",
+           "micro_batch_indices", "planned_micro_batches", "split_sample"]
 
 if TYPE_CHECKING:
     from train.data.batches import (
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     )
     from train.data.dataset import DatasetSource
     from train.data.index import INDEX_VERSION, EpochOrder
-    from train.data.sources import TokenSource, build_source
+    from train.data.sources import TokenSource, build_source, data_progress
     from train.data.synthetic import SyntheticTokens
     from train.data.windows import MemmapTokens, TokenStream, WindowSource
 

@@ -42,3 +42,10 @@ def token_source(data_cfg: Any, index_version: int = INDEX_VERSION) -> TokenSour
     from train.data.mixture import Mixture
 
     return Mixture(windows, {s.name: s.weight for s in specs})
+
+
+def data_progress(source: TokenSource, samples: int) -> dict[str, Any]:
+    """metrics.jsonl's data fields after `samples` samples: a token file's `epoch`, a mixture's `tokens_by_source`
+    and `epoch_by_source` (pure functions of the position); nothing for other sources."""
+    progress = getattr(source, "progress", None)
+    return progress(samples) if progress is not None else {}
