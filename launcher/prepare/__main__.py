@@ -1,4 +1,4 @@
-"""python -m launcher.prepare INPUTS... --out DIR --tokenizer T [options] [+cluster=NAME]
+"""python -m launcher.prepare INPUTS... --out DIR --tokenizer T [options] [+cluster=NAME [cluster.KEY=VALUE]]
 
 Turns a corpus into a prepared dataset directory (see launcher/prepare/manifest.py): checks everything it can
 before writing anything, then prepares locally over worker processes, or with +cluster=NAME submits one SLURM
@@ -98,18 +98,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite", action="store_true", help="replace a different preparation already in --out"
     )
+    p.add_argument(
+        "--config-dir",
+        metavar="DIR",
+        help="with +cluster=NAME: a directory whose cluster/NAME.yaml is looked up before slurmtrain's own",
+    )
     return p
 
 
-def _split_cluster(argv: list[str]) -> tuple[list[str], str | None]:
-    """`+cluster=NAME` (as for training) is not an argparse option: take it out first."""
-    rest, cluster = [], None
+def _split_cluster(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """`+cluster=NAME` and `cluster.KEY=VALUE` (as for training) are not argparse options: take them out first."""
+    rest, cluster, overrides = [], None, []
     for arg in argv:
         if arg.startswith(("+cluster=", "cluster=")):
             cluster = arg.split("=", 1)[1]
+        elif arg.startswith("cluster.") and "=" in arg:
+            overrides.append(arg)
         else:
             rest.append(arg)
-    return rest, cluster
+    return rest, cluster, overrides
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -150,7 +157,7 @@ def _summary(manifest: Manifest, plan: Plan, written: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv, cluster = _split_cluster(list(sys.argv[1:] if argv is None else argv))
+    argv, cluster, cluster_overrides = _split_cluster(list(sys.argv[1:] if argv is None else argv))
     args = _parser().parse_args(argv)
     try:
         from launcher.prepare.inputs import check_columns, resolve_inputs
@@ -168,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         if cluster is not None:
             from launcher.prepare.slurm import submit
 
-            print(submit(plan, cluster, args.overwrite))
+            print(submit(plan, cluster, cluster_overrides, args.config_dir, args.overwrite))
             return 0
+        if cluster_overrides:
+            raise ConfigError(
+                f"{cluster_overrides[0]} needs +cluster=NAME (without it the preparation runs here)"
+            )
         from launcher.prepare.run import Interrupted, WorkerDied, prepare_local
 
         try:

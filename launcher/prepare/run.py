@@ -148,6 +148,9 @@ def prepare_local(plan: Plan, workers: int, overwrite: bool = False) -> tuple[Ma
     created = claim_output(plan, overwrite)
     try:
         with locked(plan):
+            from launcher.prepare.slurm import refuse_live_jobs
+
+            refuse_live_jobs(plan)
             pending = pending_tasks(plan)
             if pending:
                 (Path(plan.out) / MANIFEST).unlink(missing_ok=True)

@@ -475,6 +475,9 @@ def test_a_bad_input_in_a_resumed_directory_removes_only_what_that_run_wrote(tmp
         ("val fraction", ["--val-fraction 1.5"]),
         ("unknown option", ["unrecognized arguments: --nope"]),
         ("out is not ours", ["is not empty and holds no prepared dataset"]),
+        ("unknown cluster", ["no cluster named 'nope'", "local_slurm"]),
+        ("cluster key", ["cluster local_slurm", "nodez"]),
+        ("cluster override without a cluster", ["cluster.partition=cpu needs +cluster=NAME"]),
     ],
 )
 def test_bad_arguments_are_one_line_and_create_nothing(tmp_path: Path, case: str, words: list[str]) -> None:
@@ -500,6 +503,12 @@ def test_bad_arguments_are_one_line_and_create_nothing(tmp_path: Path, case: str
         args += ["--val-fraction", "1.5"]
     elif case == "unknown option":
         args += ["--nope"]
+    elif case == "unknown cluster":
+        args += ["+cluster=nope"]
+    elif case == "cluster key":
+        args += ["+cluster=local_slurm", "cluster.nodez=2"]
+    elif case == "cluster override without a cluster":
+        args += ["cluster.partition=cpu"]
     elif case == "out is not ours":
         out.mkdir()
         (out / "mine.txt").write_text("keep me")

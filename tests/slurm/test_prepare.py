@@ -1,0 +1,52 @@
+"""python -m launcher.prepare ... +cluster=local_slurm: one CPU job array and a finalize job on the real local
+cluster, its output byte-identical to the local preparation's (issue 20, acceptance 3)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.prepare import manifest as mf
+from tests.slurm.helpers import sacct_state, wait_terminal
+from tests.unit import test_prepare as unit
+from tests.unit.test_prepare import _build_corpus, _tree, prepare
+
+pytestmark = pytest.mark.slurm
+bpe = unit.bpe  # the BPE trained in the unit tests' fixture
+
+
+def _prepare_on_slurm(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.prepare", *map(str, args), "+cluster=local_slurm"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_prepare_as_one_array_is_byte_identical_to_the_local_preparation(tmp_path: Path, bpe: Path) -> None:
+    _build_corpus(tmp_path / "corpus")
+    args = (tmp_path / "corpus", "--tokenizer", bpe, "--val-fraction", 0.3, "--task-mb", 0.0001)
+    out = tmp_path / "on slurm's side"  # shell-hostile on purpose
+    submitted = _prepare_on_slurm(*args, "--out", out)
+    assert submitted.returncode == 0, submitted.stderr
+    match = re.search(r"array (\d+) \((\d+) tasks.*finalize job (\d+)", submitted.stdout)
+    assert match, submitted.stdout
+    array_id, tasks, final_id = match.group(1), int(match.group(2)), match.group(3)
+    assert tasks > 3  # a task per group of about --task-mb of input files
+    assert wait_terminal(final_id, timeout=300) == "COMPLETED", (out / ".parts/slurm").iterdir()
+    assert [sacct_state(f"{array_id}_{i}") for i in range(tasks)] == ["COMPLETED"] * tasks
+
+    assert prepare(*args, "--out", tmp_path / "here")[0] == 0
+    here, there = _tree(tmp_path / "here"), _tree(out)
+    assert {k: v for k, v in there.items() if not k.startswith(".parts/")} == {
+        k: v for k, v in here.items() if not k.startswith(".parts/")
+    }
+    assert mf.load_manifest(out).fingerprint == mf.load_manifest(tmp_path / "here").fingerprint
+
+    again = _prepare_on_slurm(*args, "--out", out)  # complete: nothing is queued
+    assert again.returncode == 0 and "already prepared" in again.stdout, again.stdout + again.stderr
