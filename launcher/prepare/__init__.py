@@ -7,5 +7,7 @@
   plan.py       the preparation's identity and its tasks (deterministic groups of input files)
   shards.py     one task: read, split, tokenize, write its shards atomically, then its completion record
   run.py        the local worker pool, resume and finalize (manifest.json written last)
+  progress.py   a progress bar on a terminal, plain lines otherwise
+  slurm.py      +cluster=NAME: the tasks as one SLURM CPU job array, then a finalize job
 Never imports torch.
 """
