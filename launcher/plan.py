@@ -298,17 +298,18 @@ def _check_ranges(cfg: DictConfig, world: int) -> None:
         raise ConfigError(f"strategy=single runs one process but the world size is {world}: use strategy=ddp")
 
 
-def model_shape(cfg: DictConfig) -> tuple[ModelShape | None, str]:
+def model_shape(cfg: DictConfig, world: int) -> tuple[ModelShape | None, str]:
     """Ours from the config; a user's from the model itself (launcher/probe.py, which also checks that a
-    data._target_ imports)."""
-    answer = probe(cfg) if needs_probe(cfg) else None
+    data._target_ imports and that the strategy can train the model on `world` ranks). The note says why there
+    is no shape, or how it was had."""
+    answer = probe(cfg, world) if needs_probe(cfg) else None
     if answer is None or not cfg.model.get("_target_"):
         return ModelShape.ours(cfg.model, count_parameters(cfg.model)), ""
     if answer.shape is None:
         return None, answer.note
     if cfg.model.config_path:  # a Hugging Face model: its vocabulary sizes the logits
-        return replace(answer.shape, vocab_size=int(cfg.model.vocab_size)), ""
-    return answer.shape, ""
+        return replace(answer.shape, vocab_size=int(cfg.model.vocab_size)), answer.note
+    return answer.shape, answer.note
 
 
 def make_plan(cfg: DictConfig) -> Plan:
@@ -323,7 +324,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     check_inputs(cfg)
     if cfg.strategy.name != "auto":
         _check_strategy(cfg, world)
-    shape, shape_note = model_shape(cfg)
+    shape, shape_note = model_shape(cfg, world)
     nodes = int(cfg.cluster.nodes) if cfg.cluster is not None else 1
     local_gpus = local_gpu_count() if cfg.cluster is None else 0
     if cfg.cluster is None and cfg.local.backend == "nccl" and not local_gpus:

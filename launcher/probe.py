@@ -2,7 +2,8 @@
 
 The launcher never imports torch, and a user's model needs it: the question goes to a child process
 (train/probe.py), which imports the targets from the user's project directory and builds the model on the meta
-device. One answer per distinct model config per process, so a sweep asks once.
+device (a model that loads weights as it is built: on the CPU within a bound, or counted from its weight files), and
+asks the strategy whether it can train it. One answer per distinct request per process, so a sweep asks once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _answers: dict[str, dict[str, Any]] = {}
 @dataclass(frozen=True)
 class Probe:
     shape: ModelShape | None
-    # Why there is no shape (the model could not be built on the meta device): the plan says so and goes on.
+    # Why there is no shape (the model could not be built nor its weights read), or how the shape was had where the
+    # plan should say so (from the weight files' shapes): the plan prints it and goes on.
     note: str = ""
 
 
@@ -47,7 +49,7 @@ def _ask(request: dict[str, Any]) -> dict[str, Any]:
             out = subprocess.run([sys.executable, "-m", "launcher.worker", "--probe"], input=key, text=True,
                                  capture_output=True, timeout=600, env=project_env(), check=False)
         except subprocess.TimeoutExpired:
-            return {"error": "building the model on the meta device took over 10 minutes", "kind": "build"}
+            return {"error": "building the model took over 10 minutes", "kind": "build"}
         lines = out.stdout.strip().splitlines()
         try:
             _answers[key] = json.loads(lines[-1])
@@ -57,10 +59,10 @@ def _ask(request: dict[str, Any]) -> dict[str, Any]:
     return _answers[key]
 
 
-def probe(cfg: DictConfig) -> Probe:
+def probe(cfg: DictConfig, world_size: int) -> Probe:
     """The model's shape for the estimate; raises ConfigError for a target that can't be imported, arguments it
-    does not take, blocks that can't be found, or a first sample that does not fit the config (the ranks would
-    fail the same way, after waiting in the queue)."""
+    does not take, blocks that can't be found, a model the strategy can't train (on `world_size` ranks), or a first
+    sample that does not fit the config (the ranks would fail the same way, after waiting in the queue)."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     request = {
         "model": OmegaConf.to_container(cfg.model, resolve=True),
@@ -69,13 +71,14 @@ def probe(cfg: DictConfig) -> Probe:
         "seq_len": int(cfg.data.seq_len),
         "data_target": cfg.data.get("_target_"),
         "strategy": OmegaConf.to_container(cfg.strategy, resolve=True),
+        "world_size": world_size,
     }
     answer = _ask(request)
     if "facts" in answer:
         f = answer["facts"]
         shape = ModelShape(f["n_params"], f["block_params"], f["n_blocks"], f["largest_root"], f["root"],
                            f["largest_param"], None, None, f["flops_per_token"] if f["flops_source"] == "model" else None)
-        return Probe(shape)
+        return Probe(shape, answer.get("note", ""))
     if answer.get("kind") in ("target", "config"):
         raise ConfigError(answer["error"])
-    return Probe(None, f"memory not estimated: building the model on the meta device failed ({answer['error']})")
+    return Probe(None, f"memory not estimated: {answer['error']}")

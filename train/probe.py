@@ -2,10 +2,12 @@
 
     python -m launcher.worker --probe < {"model": {...}, "data": {...}, "strategy": {...}, "seq_len": N}
 
-Imports the `_target_`s, builds the model on the meta device (no memory, no weights) and, for a user's dataset,
-reads its first sample, then prints one JSON object: {"facts": {...}} or {"error": "...", "kind": KIND}. Kinds
-"target", "config" are the user's input (the launcher refuses with the message); "build" means the model could not
-be built on the meta device (the plan goes on without a memory estimate).
+Imports the `_target_`s, builds the model on the meta device (no memory, no weights; a model that loads weights in
+its constructor on the CPU, within a bound, or counted from its weight files: train/probe_build.py), asks the
+strategy whether it can train it, and, for a user's dataset, reads its first sample; then prints one JSON object:
+{"facts": {...}, "note": "..."} or {"error": "...", "kind": KIND}. Kinds "target", "config" are the user's input
+(the launcher refuses with the message); "build" means the model could not be built nor its weights read (the plan
+goes on without a memory estimate).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def facts(model: Any, model_cfg: Any, seq_len: int, strategy_cfg: Any) -> dict[s
     }
 
 
-def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> None:
-    """A user's dataset: its first sample has the configured length and token ids the model can embed."""
+def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> Any:
+    """A user's dataset: its first sample has the configured length and token ids the model can embed. Returns the
+    sample's inputs."""
     from launcher.errors import ConfigError
     from train.data import build_source, split_sample
 
@@ -79,13 +82,42 @@ def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> None:
             raise ConfigError(f"data._target_={data_cfg._target_} gives token id {high}, but the model embeds only "
                               f"{rows} ids: make the model's vocabulary larger than {high} (model.args), or fix the "
                               "data")
+    return inputs
+
+
+def unused_parameters(model: Any, inputs: Any) -> list[str] | None:
+    """Trainable parameters that one forward and backward on the meta device leaves without a gradient; None when
+    the model can't run there (data-dependent code: the check is skipped)."""
+    from train.build import logits_of
+
+    try:
+        logits_of(model(inputs.to("meta"))).float().sum().backward()
+    except Exception:
+        return None
+    return [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+
+
+def refusal(model: Any, model_cfg: Any, strategy_cfg: Any, inputs: Any, seq_len: int, world_size: int) -> str | None:
+    """Why the chosen strategy can't train this model (train/strategies/limits.py), or None."""
+    import torch
+
+    from train.blocks import blocks_for
+    from train.strategies import REGISTRY, strategy_class
+
+    name = strategy_cfg.get("name")
+    if name not in REGISTRY:  # auto: the ranks ask once it is chosen
+        return None
+    cls = strategy_class(name)
+    if inputs is None:
+        inputs = torch.zeros((1, seq_len), dtype=torch.long)
+    unused = unused_parameters(model, inputs.unsqueeze(0) if inputs.dim() == 1 else inputs) if world_size > 1 else None
+    return cls.refusal(name, model, blocks_for(model, model_cfg, strategy_cfg), unused)
 
 
 def probe(request: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
     from launcher.errors import ConfigError
-    from train.build import TargetError, build_model, is_ours, resolve_target
+    from train.build import TargetError, is_ours, resolve_target
+    from train.probe_build import build_for_probe
 
     model_cfg = OmegaConf.create(request["model"])
     strategy_cfg = OmegaConf.create(request.get("strategy") or {"name": "fsdp"})
@@ -98,26 +130,26 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     except TargetError as err:
         return {"error": str(err), "kind": "target"}
     try:
-        with torch.device("meta"):
-            model = build_model(model_cfg)
-    except ConfigError as err:
-        return {"error": str(err), "kind": "config"}
-    except Exception as err:  # the user's code: reported; the plan goes on without a memory estimate
-        cause = err.__cause__ or err  # Hydra wraps the target's own exception
-        return {"error": f"{type(cause).__name__}: {cause}".splitlines()[0], "kind": "build"}
-    try:
-        answer = facts(model, model_cfg, int(request["seq_len"]), strategy_cfg)
+        built = build_for_probe(model_cfg)
+        if built.model is None and built.facts is None:
+            return {"error": built.error, "kind": "build"}
+        model = built.model
+        answer = built.facts if model is None else facts(model, model_cfg, int(request["seq_len"]), strategy_cfg)
+        assert answer is not None
         rows = answer["embedding_rows"]
         vocab = int(model_cfg.vocab_size)
-        if data_cfg.get("_target_"):
-            check_data(data_cfg, vocab, rows)
-        elif rows is not None and rows < vocab and not is_ours(model_cfg):
+        inputs = check_data(data_cfg, vocab, rows) if data_cfg.get("_target_") else None
+        if rows is not None and rows < vocab and not data_cfg.get("_target_") and not is_ours(model_cfg):
             raise ConfigError(f"model._target_={model_cfg._target_} embeds {rows} token ids, but the data draws ids "
                               f"below model.vocab_size={vocab}: set model.vocab_size={rows} (or build the model "
                               f"with {vocab})")
+        reason = None if model is None else refusal(model, model_cfg, strategy_cfg, inputs, int(request["seq_len"]),
+                                                    int(request.get("world_size", 1)))
+        if reason:
+            raise ConfigError(reason)
     except ConfigError as err:
         return {"error": str(err), "kind": "config"}
-    return {"facts": answer}
+    return {"facts": answer, "note": built.note}
 
 
 def main() -> int:

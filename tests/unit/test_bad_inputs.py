@@ -158,6 +158,16 @@ CASES = [
                                                                 "(optim.lr: 0.003 -> 0.001): pick another run.name"),
     Case("damaged-config", ("run.name=damaged",), "config.yaml is damaged (line 2, column 9: while parsing a flow "
                                                   "sequence"),
+    # -- a user's model that the strategy can't train (tests/fixtures/user_models.py) ------------------------------
+    Case("zero-scalar-param", ("model._target_=tests.fixtures.user_models.ScaledLM", "+model.args.vocab_size=256",
+                               "strategy=zero2"), "strategy=zero2 can't train 0-dim parameters (temperature, "
+                                                  "layers.0.gain, layers.1.gain): make each a 1-element tensor"),
+    Case("ddp-unused-param", ("model._target_=tests.fixtures.user_models.UnusedLM", "+model.args.vocab_size=256",
+                              "strategy=ddp", "local.nproc=2"), "the model's forward does not use other_head.weight, "
+                                                                "other_head.bias: remove them or freeze them"),
+    Case("fsdp-mixed-dtypes", ("model._target_=tests.fixtures.user_models.MixedLM", "+model.args.vocab_size=256",
+                               "strategy=fsdp"), "layers.0.norm.weight (float32) differs from layers.0.up.weight "
+                                                 "(bfloat16): cast the model to one dtype"),
     # -- prepared datasets and mixtures (tests/prepared_data.py) --------------------------------------------------
     Case("prepared-vocab", ("data=tokens", "data.path=prepared_big"), "data.path=prepared_big was prepared with a "
          "vocabulary of 300 ids (tokenizer big) but model.vocab_size=256: set model.vocab_size=300"),

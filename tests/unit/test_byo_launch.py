@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import launch
+from tests.conftest import ROOT, launch
 
 PROJECT = ["--config-dir", "conf", "model=conv_lm", "data=chars"]
 
@@ -47,9 +47,9 @@ def test_the_projects_own_groups_are_checked_against_the_schema(byo_project: Pat
     assert "#SBATCH --partition=debug" in plan.stdout and "model 0.1M parameters" in plan.stdout + plan.stderr
 
 
-def test_a_model_that_cannot_be_built_on_meta_is_planned_without_an_estimate(byo_project: Path,
-                                                                                tmp_path: Path) -> None:
-    # Reading a tensor's value in __init__ fails on the meta device, not on the ranks' real one.
+def test_a_model_that_cannot_be_built_on_meta_is_planned_from_a_cpu_build(byo_project: Path, tmp_path: Path) -> None:
+    # Reading a tensor's value in __init__ fails on the meta device, not on the ranks' real one: the probe builds it
+    # on the CPU instead (it is small), and the plan keeps its parameter count and memory check.
     (byo_project / "odd.py").write_text(
         "import torch\n"
         "from model import ConvLM\n"
@@ -62,6 +62,21 @@ def test_a_model_that_cannot_be_built_on_meta_is_planned_without_an_estimate(byo
                  f"run.root={tmp_path}", "run.name=odd", cwd=byo_project)
     assert out.returncode == 0, out.stderr[-2000:]
     plan = out.stdout + out.stderr
-    assert "memory not estimated: building the model on the meta device failed" in plan
-    assert "an unknown number of parameters" in plan
+    assert "memory not estimated" not in plan and "an unknown number of parameters" not in plan
+    assert "model 0.0M parameters" in plan and "memory per rank: params 0.00" in plan
     assert (tmp_path / "odd" / "checkpoints" / "step_3" / "COMPLETE").is_file()
+
+
+def test_a_hugging_face_model_from_pretrained_is_planned_with_a_memory_estimate(tmp_path: Path) -> None:
+    # The most common fine-tuning setup: a function that calls from_pretrained(local_dir), which transformers
+    # refuses on the meta device.
+    from train.hf import causal_lm
+
+    causal_lm(str(ROOT / "tests" / "fixtures" / "tiny_llama")).save_pretrained(str(tmp_path / "llama"))
+    out = launch("model._target_=tests.fixtures.user_models.hf_from_pretrained", f"+model.args.path={tmp_path}/llama",
+                 "strategy=fsdp", "local.nproc=2", "launcher.dry_run=true", f"run.root={tmp_path}/runs")
+    assert out.returncode == 0, out.stderr[-2000:]
+    plan = out.stdout + out.stderr
+    assert "memory not estimated" not in plan
+    # 2 x 256 x 64 (embedding, output) + 2 layers x 36,992 + 64 = 106,816 parameters.
+    assert "model 0.1M parameters" in plan and "memory per rank: params 0.00" in plan

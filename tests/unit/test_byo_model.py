@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -10,6 +12,9 @@ from torch import nn
 from train.blocks import BlockError, find_blocks, prepare_blocks
 from train.build import TargetError, build_model, logits_of, resolve_target
 from train.data import DatasetSource, load_micro_batch
+from train.probe import probe
+from train.probe_build import build_for_probe
+from train.weight_files import tensor_shapes, weight_files
 
 
 class Layer(nn.Module):
@@ -134,3 +139,93 @@ def test_dataset_order_is_a_seeded_permutation_per_epoch() -> None:
     assert [int(again.sample(i)[0][0]) for i in range(5)] == epoch0
     with pytest.raises(TypeError, match="map-style"):
         DatasetSource(iter([1, 2]), seed=0, shuffle=False)
+
+
+# -- the launch probe of a model that loads weights as it is built (train/probe.py, train/probe_build.py) ----------
+
+
+def _request(target: str, strategy: str = "fsdp", world_size: int = 2, **args: object) -> dict:
+    return {"model": {"_target_": f"tests.fixtures.user_models.{target}", "vocab_size": 64, "args": args},
+            "strategy": {"name": strategy}, "seq_len": 16, "world_size": world_size}
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trained TinyLM as safetensors and torch files, a low-rank adapter, and a tiny Hugging Face directory
+    (save_pretrained of tests/fixtures/tiny_llama's config)."""
+    from safetensors.torch import save_file
+
+    from tests.fixtures.user_models import TinyLM
+    from train.hf import causal_lm
+
+    folder = tmp_path_factory.mktemp("pretrained")
+    base = TinyLM(64)
+    save_file(base.state_dict(), str(folder / "base.safetensors"))
+    torch.save(base.state_dict(), folder / "base.pt")
+    torch.save({"A": torch.randn(4, 32), "B": torch.randn(64, 4)}, folder / "lora.pt")
+    causal_lm(str(FIXTURES / "tiny_llama")).save_pretrained(str(folder / "hf"))
+    return folder
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def _real(target: str, **args: object) -> nn.Module:
+    return build_model(OmegaConf.create({"_target_": f"tests.fixtures.user_models.{target}", "args": args}))
+
+
+def _count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# The meta build of a model that loads a state dict warns for every tensor before it fails.
+@pytest.mark.filterwarnings("ignore:.*copying from a non-meta parameter")
+@pytest.mark.parametrize("target, files", [("grown_from_safetensors", {"path": "base.safetensors", "extra_tokens": 8}),
+                                           ("merged_from_torch", {"path": "base.pt", "adapter": "lora.pt"}),
+                                           ("hf_from_pretrained", {"path": "hf"})])
+def test_a_model_that_loads_weights_is_counted_exactly(pretrained: Path, target: str, files: dict) -> None:
+    args = {k: str(pretrained / v) if isinstance(v, str) else v for k, v in files.items()}
+    with torch.device("meta"), pytest.raises(Exception):  # noqa: B017 - what the probe did alone before
+        _real(target, **args)
+    answer = probe(_request(target, **args))
+    assert "facts" in answer, answer
+    real = _real(target, **args)
+    assert answer["facts"]["n_params"] == _count(real)
+    assert answer["facts"]["n_blocks"] == 2 and answer["facts"]["block_params"] > 0
+    assert answer["note"] == ""  # built for real (on the CPU): nothing to qualify
+
+
+@pytest.mark.parametrize("target, files", [("grown_from_safetensors", {"path": "base.safetensors"}),
+                                           ("hf_from_pretrained", {"path": "hf"})])
+def test_a_model_larger_than_the_bound_is_counted_from_its_weight_files(pretrained: Path, target: str,
+                                                                        files: dict) -> None:
+    args = {k: str(pretrained / v) for k, v in files.items()}
+    model_cfg = OmegaConf.create(_request(target, **args)["model"])
+    built = build_for_probe(model_cfg, bound=1024)  # smaller than any weight file: the CPU build is not tried
+    assert built.model is None and built.facts is not None, built.error
+    real = _real(target, **args)
+    blocks = find_blocks(real, None)
+    assert built.facts["n_params"] == _count(real)
+    assert built.facts["n_blocks"] == len(blocks) == 2
+    assert built.facts["block_params"] == _count(blocks[0][1])
+    assert built.facts["largest_param"] == max(p.numel() for p in real.parameters())
+    assert "parameters counted from the shapes in" in built.note and "0.0 GB it may take on the CPU" in built.note
+
+
+def test_the_cpu_build_stays_within_its_memory_bound() -> None:
+    cfg = OmegaConf.create(_request("GreedyLM", vocab_size=64, megabytes=256)["model"])
+    built = build_for_probe(cfg, bound=64 * 2**20)
+    assert built.model is None and built.facts is None
+    assert "could not be built on the meta device (RuntimeError: Tensor.item() cannot be called on meta" in built.error
+    assert "nor on the CPU within 0.1 GB; model.args names no weight files" in built.error
+    # The limit is lifted again, and a model within the bound is built (then kept on the meta device).
+    assert torch.ones(2**27).sum() == 2**27
+    fits = build_for_probe(cfg, bound=1024 * 2**20)
+    assert fits.model is not None and _count(fits.model) == _count(_real("GreedyLM", vocab_size=64))
+    assert next(fits.model.buffers()).device.type == "meta"
+
+
+def test_shapes_of_torch_files_are_read_without_their_data(pretrained: Path) -> None:
+    shapes = tensor_shapes(weight_files({"nested": [str(pretrained / "base.pt")], "other": "not a path"}))
+    assert shapes["embed.weight"] == (64, 32) and shapes["layers.1.down.bias"] == (32,)
+    assert weight_files({"path": str(pretrained / "hf")}) == [pretrained / "hf" / "model.safetensors"]

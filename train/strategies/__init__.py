@@ -36,11 +36,15 @@ def needs_blocks(strategy_cfg: Any) -> str | None:
     return None
 
 
+def strategy_class(name: str) -> type[Strategy]:
+    """The class of a registered strategy (its module is imported only now)."""
+    module_name, _, class_name = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)  # type: ignore[no-any-return]
+
+
 def build_strategy(cfg: Any, env: Any, device: Any) -> Strategy:
-    """The strategy named by cfg.strategy.name (its module is imported only now)."""
-    module_name, _, class_name = REGISTRY[cfg.strategy.name].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(cfg, env, device)  # type: ignore[no-any-return]
+    """The strategy named by cfg.strategy.name."""
+    return strategy_class(cfg.strategy.name)(cfg, env, device)
 
 
-__all__ = ["PER_BLOCK", "REGISTRY", "build_strategy", "needs_blocks"]
+__all__ = ["PER_BLOCK", "REGISTRY", "build_strategy", "needs_blocks", "strategy_class"]

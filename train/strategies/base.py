@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from train.blocks import prepare_blocks
+from launcher.errors import ConfigError
+from train.blocks import blocks_for, prepare_blocks
 from train.optim import build_optimizer, build_scheduler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -51,6 +52,21 @@ class Strategy:
         self.grad_clip = float(cfg.optim.grad_clip)
 
     # -- set-up --------------------------------------------------------------------------------------------
+    @classmethod
+    def refusal(cls, name: str, model: nn.Module, blocks: list[tuple[str, nn.Module]],
+                unused: list[str] | None) -> str | None:
+        """Why strategy `name` can't train `model` (one line naming the parameters and the fix), or None.
+        `blocks`: the model's blocks for this config; `unused`: trainable parameters the forward leaves without a
+        gradient, or None when unknown (the launch probe runs a forward on the meta device, the ranks don't).
+        train/strategies/limits.py has the checks."""
+        return None
+
+    def check_model(self, model: nn.Module) -> None:
+        """The launch probe's refusal again, on the ranks: a model the probe could not build gets it here."""
+        reason = self.refusal(self.name, model, blocks_for(model, self.cfg.model, self.cfg.strategy), None)
+        if reason:
+            raise ConfigError(reason)
+
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 
@@ -60,6 +76,7 @@ class Strategy:
     def setup(self, model: nn.Module) -> nn.Module:
         from train.strategies.mesh import build_layout, model_parallel
 
+        self.check_model(model)
         if model_parallel(self.cfg):
             from train.strategies.pipeline import rank_layers
             from train.strategies.tensor_parallel import apply_tensor_parallel

@@ -7,10 +7,18 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from train.strategies.base import Strategy
+from train.strategies.limits import unused_refusal
 
 
 class DDPStrategy(Strategy):
     """Full replica per rank; gradients all-reduced in buckets, skipped on non-final micro steps."""
+
+    @classmethod
+    def refusal(cls, name: str, model: nn.Module, blocks: list[tuple[str, nn.Module]],
+                unused: list[str] | None) -> str | None:
+        # Its reducer waits for every trainable parameter's gradient: one the forward never uses stalls the step
+        # ("Expected to have finished reduction in the prior iteration"). 0-dim parameters are fine.
+        return unused_refusal(name, unused or [])
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.dp_size == 1:  # one process, or a tensor / pipeline layout with a single replica

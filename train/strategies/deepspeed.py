@@ -26,6 +26,7 @@ from torch import nn
 from train.blocks import prepare_blocks
 from train.optim import build_optimizer, build_scheduler, param_groups, peak_lr
 from train.strategies.base import Strategy
+from train.strategies.limits import scalar_refusal
 
 # DeepSpeed's ZeRO calls torch collectives under their old names (all_gather_into_tensor,
 # reduce_scatter_tensor): a warning per call site on every rank that nobody here can act on.
@@ -107,7 +108,14 @@ class DeepSpeedStrategy(Strategy):
         self._last_micro_step = True
 
     # -- set-up --------------------------------------------------------------------------------------------
+    @classmethod
+    def refusal(cls, name: str, model: nn.Module, blocks: list[tuple[str, nn.Module]],
+                unused: list[str] | None) -> str | None:
+        # The engine broadcasts each parameter viewed as bytes at start-up, which a 0-dim tensor can't be.
+        return scalar_refusal(name, model, "strategy=fsdp or strategy=ddp")
+
     def setup(self, model: nn.Module) -> nn.Module:
+        self.check_model(model)
         deepspeed = import_deepspeed(self.name, self.device)
         self._check_precision()
         ensure_process_group()

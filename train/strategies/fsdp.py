@@ -1,4 +1,9 @@
-"""FSDP2 (fully_shard): fsdp (ZeRO-3 layout), fsdp_grad_op (ZeRO-2 layout) and hsdp (2-D mesh)."""
+"""FSDP2 (fully_shard): fsdp (ZeRO-3 layout), fsdp_grad_op (ZeRO-2 layout) and hsdp (2-D mesh).
+
+A 0-dim parameter (a learned scale or temperature) has no dimension to shard: FSDP leaves it whole on every rank
+(`ignored_params`), under its own name and shape in checkpoints and exports, and its gradient is averaged over the
+data-parallel ranks here, before clipping, as FSDP averages the sharded ones.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,36 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 from train.strategies.base import Strategy
+from train.strategies.limits import dtype_refusal, scalar_parameters
 
 
 class FSDPStrategy(Strategy):
     """Each block (train/blocks.py) is its own FSDP unit, then the root (embeddings, final norm, head)."""
+
+    # 0-dim parameters, replicated rather than sharded (set by wrap).
+    replicated: list[nn.Parameter] = []
+
+    @classmethod
+    def refusal(cls, name: str, model: nn.Module, blocks: list[tuple[str, nn.Module]],
+                unused: list[str] | None) -> str | None:
+        # An FSDP unit all-gathers its parameters as one flat buffer of one dtype (0-dim ones stay out of it).
+        in_blocks: set[int] = set()
+        for block_name, block in blocks:
+            params = [(f"{block_name}.{n}", p) for n, p in block.named_parameters() if p.dim()]
+            in_blocks.update(id(p) for _, p in params)
+            reason = dtype_refusal(name, f"each block ({block_name})", params, "strategy=ddp")
+            if reason:
+                return reason
+        root = [(n, p) for n, p in model.named_parameters() if p.dim() and id(p) not in in_blocks]
+        return dtype_refusal(name, "the model outside its blocks", root, "strategy=ddp")
 
     def mesh(self) -> DeviceMesh:
         if self.layout is not None:  # tensor / pipeline parallel: shard over the data-parallel dimensions
@@ -31,14 +57,39 @@ class FSDPStrategy(Strategy):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         mesh = self.mesh()
+        self.dp_groups, self.dp_ranks = [mesh.get_group(dim) for dim in range(mesh.ndim)], mesh.size()
         reshard = bool(self.cfg.strategy.reshard_after_forward)
+        self.replicated = [p for _, p in scalar_parameters(model)]
+        # Passed only when there are some: older torch has no ignored_params.
+        ignored: dict[str, Any] = {"ignored_params": set(self.replicated)} if self.replicated else {}
         for block in self.blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, **ignored)
         # The root keeps its parameters after forward: backward needs them at once (tied embedding/head). An
         # interleaved pipeline runs views of the model, one per stage: each is a root of its own.
         for root in [p for p in self.parts if p is not model] or [model]:
-            fully_shard(root, mesh=mesh, reshard_after_forward=False)
+            fully_shard(root, mesh=mesh, reshard_after_forward=False, **ignored)
         return model
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        if not self.replicated:
+            return super().clip_gradients(max_norm)
+        assert self.model is not None
+        replicated = [p.grad for p in self.replicated if p.grad is not None]
+        if replicated:  # one all-reduce for all of them: the mean over the data-parallel ranks
+            flat = torch.stack([g.reshape(()) for g in replicated])
+            for group in self.dp_groups:
+                dist.all_reduce(flat, group=group)
+            torch._foreach_copy_(replicated, list((flat / self.dp_ranks).unbind()))
+        own = {id(p) for p in self.replicated}
+        sharded = [p.grad for p in self.model.parameters() if p.grad is not None and id(p) not in own]
+        norm = torch.nn.utils.get_total_norm(sharded)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        norm = torch.linalg.vector_norm(torch.stack([norm, torch.nn.utils.get_total_norm(replicated).to(norm)]))
+        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        # The sharded gradients' local shards, scaled in place (a plain tensor can't scale a DTensor).
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in sharded + replicated]
+        torch._foreach_mul_(local, coefficient)
+        return norm
 
     def make_scaler(self) -> Any:
         # Each rank sees only its gradient shard: the sharded scaler agrees on overflow across ranks.
