@@ -161,7 +161,7 @@ def _queue(plan: Plan, cluster: Any, pending: list[int]) -> str:
         fh.write(f"{array_id}\n{final.job_id}\n")
     at_once = min(len(groups), cluster.array_parallelism)
     return (
-        f"submitted the preparation of {plan.out}: array {array_id} ({len(groups)} tasks, at most {at_once} "
+        f"submitted the preparation of {plan.out}: array {array_id} ({len(groups)} task{'s' if len(groups) > 1 else ''}, at most {at_once} "
         f"at once, {cluster.cpus_per_task} CPU{'s' if cluster.cpus_per_task > 1 else ''} each) and finalize job {final.job_id} after it\n"
         f"  follow:  squeue -j {array_id},{final.job_id}; logs in {shlex.quote(str(folder))}\n"
         f"  done:    when {shlex.quote(str(Path(plan.out) / MANIFEST))} exists; after a failed task, run the same "

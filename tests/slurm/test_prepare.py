@@ -34,7 +34,7 @@ def test_prepare_as_one_array_is_byte_identical_to_the_local_preparation(tmp_pat
     out = tmp_path / "on slurm's side"  # shell-hostile on purpose
     submitted = _prepare_on_slurm(*args, "--out", out)
     assert submitted.returncode == 0, submitted.stderr
-    match = re.search(r"array (\d+) \((\d+) tasks.*finalize job (\d+)", submitted.stdout)
+    match = re.search(r"array (\d+) \((\d+) tasks?.*finalize job (\d+)", submitted.stdout)
     assert match, submitted.stdout
     array_id, tasks, final_id = match.group(1), int(match.group(2)), match.group(3)
     assert tasks > 3  # a task per group of about --task-mb of input files
