@@ -3,7 +3,9 @@
 `bytes` needs no tokenizer: a document's UTF-8 bytes are its ids 0..255 and the end-of-document id is 256, so its
 vocabulary is 257. A Hugging Face tokenizer is loaded with the `tokenizers` library from a local file (nothing is
 downloaded) and documents are encoded without the tokenizer's own special tokens (no BOS/EOS added around each
-document): the end-of-document id is appended after every document instead. That id is `--eod-token` when given,
+document): the end-of-document id is appended after every document instead, and a special token's text inside a
+document ("<|endoftext|>" quoted in a page) is encoded as the text it is, so only the preparation puts that id in
+the stream. The end-of-document id is `--eod-token` when given,
 else the `eos_token` of a tokenizer_config.json beside tokenizer.json, else the first of EOD_CANDIDATES the
 vocabulary holds.
 """
@@ -149,6 +151,10 @@ class HFEncoder:
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(path)
+        # A special token's text inside a document ("<|endoftext|>" quoted in a web page) is text, not the end of a
+        # document: encoded as the characters it is made of (tokenizers >= 0.19).
+        if hasattr(tokenizer, "encode_special_tokens"):
+            tokenizer.encode_special_tokens = True
         # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we do not keep.
         self.encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         self.eod_id, self.dtype = eod_id, np.dtype(dtype).newbyteorder("<")

@@ -114,6 +114,7 @@ def _build_corpus(root: Path, start: int = 0) -> list[str]:
         (root / name).write_text(doc, encoding="utf-8")
         files[name] = [doc]
     files["d.jsonl"] = [_doc(next(ids)) for _ in range(12)]
+    files["d.jsonl"][3] += " a literal <|endoftext|> and <pad> in the text stay text"
     (root / "d.jsonl").write_bytes(
         _jsonl(files["d.jsonl"]).replace(b"\n", b"\n\n", 1)
     )  # a blank line is skipped
