@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from launcher import schema
 from launcher.errors import ConfigError
 from launcher.overrides import override_key, typed_for
+from train.schedules import DECAY_SHAPES, SCHEDULES
 
 CHOICES = {
     "model.position": ("rope", "learned"),
@@ -26,6 +27,8 @@ CHOICES = {
     "model.norm": ("rmsnorm", "layernorm"),
     "data.dtype": ("uint16", "uint32", "uint8", "int32", "int64"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
+    "optim.schedule": SCHEDULES,
+    "optim.decay_shape": DECAY_SHAPES,
     "logger.backend": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),
     "precision.compute_dtype": ("float32", "bfloat16", "float16"),

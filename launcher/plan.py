@@ -25,6 +25,7 @@ from launcher.group_names import settle_names
 from launcher.hf_config import HF_TARGET, apply_hf_config
 from launcher.input_checks import check_inputs
 from launcher.key_checks import check_keys
+from launcher.lr_schedule import schedule_note
 from launcher.parallel import (
     MIN_MICRO_PER_STAGE,
     check_composable,
@@ -42,6 +43,9 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  # The layout: a run may resume on another one (DCP reshards).
                  "parallel",
                  "trainer.max_steps",
+                 # The end of a wsd stable phase, like trainer.max_steps how long the run goes: extending a run may
+                 # move it (the plan says what the rate does across the resume).
+                 "optim.decay_start_step",
                  # Resuming on changed data is a launch-time permission, not a setting of what is trained.
                  "data.allow_changed",
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every", "trainer.prefetch_steps",
@@ -197,6 +201,8 @@ def count_parameters(m: Any) -> int:
 # other than their default, so that upgrading slurmtrain does not move existing runs to new directories (the same
 # command must keep resuming them). Add every new training key here, with its default.
 NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
+                    "optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.decay_shape": "1-sqrt",
+                    "optim.timescale": None,
                     "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
                     "data._target_": None, "data.args": {}, "data.sources": {}}
 
@@ -373,11 +379,11 @@ def make_plan(cfg: DictConfig) -> Plan:
         global_batch_size=cfg.trainer.global_batch_size,
         seq_len=cfg.data.seq_len,
         n_params=shape.n_params if shape is not None else 0,
-        run_dir=Path(cfg.run.root).expanduser().resolve() / cfg.run.name,
+        run_dir=_run_dir(cfg),
         strategy=cfg.strategy.name,
         fit=fit,
         lr=lr,
-        lr_note=_lr_note(cfg, global_batch),
+        lr_note=_lr_note(cfg, global_batch, lr),
         budget=None if shape is None else budget(
             cfg, world, global_batch * cfg.data.seq_len,
             int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node) if cfg.cluster is not None else local_gpus, shape),
@@ -426,12 +432,20 @@ def _deferred(cfg: DictConfig, check: Any, *args: Any, **kwargs: Any) -> str:
     return ""
 
 
-def _lr_note(cfg: DictConfig, global_batch: int) -> str:
+def _run_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.run.root).expanduser().resolve() / cfg.run.name
+
+
+def _lr_note(cfg: DictConfig, global_batch: int, lr: float) -> str:
+    """Where the peak rate comes from, the schedule, and what the rate does across a resume (launcher/lr_schedule.py,
+    which refuses a schedule that can't run)."""
     o = cfg.optim
     if o.lr_scaling == "none":
-        return " (optim.lr, no scaling)"
-    return (f" (optim.lr={o.lr:g} x {o.lr_scaling} scaling for global batch {global_batch} against "
-            f"optim.reference_batch_size={o.reference_batch_size})")
+        source = " (optim.lr, no scaling)"
+    else:
+        source = (f" (optim.lr={o.lr:g} x {o.lr_scaling} scaling for global batch {global_batch} against "
+                  f"optim.reference_batch_size={o.reference_batch_size})")
+    return source + schedule_note(cfg, lr, _run_dir(cfg))
 
 
 def _reservation(cfg: DictConfig) -> dict[str, Any]:

@@ -94,6 +94,17 @@ class OptimConfig:
     beta2: float = num(0.95, 0, 1, hi_open=True)
     eps: float = num(1e-8, 0, lo_open=True)
     warmup_steps: int = num(5, 0)
+    # The learning-rate schedule after warmup (train/schedules.py has each closed form): cosine | linear | constant
+    # | wsd (warmup-stable-decay) | inverse_sqrt. min_lr_ratio is the floor of all but constant.
+    schedule: str = "cosine"
+    # wsd: the decay takes this fraction of trainer.max_steps at the end, in this shape (1-sqrt | linear | cosine),
+    # unless decay_start_step names the last step at the peak (like trainer.max_steps it may change when a run is
+    # extended, so that a stable phase can be extended and annealed later).
+    decay_fraction: float = num(0.2, 0, 1)
+    decay_shape: str = "1-sqrt"
+    decay_start_step: int | None = num(None, 0)
+    # inverse_sqrt: the rate is 1/sqrt(2) of the peak this many steps after warmup (None: optim.warmup_steps).
+    timescale: int | None = num(None, 1)
     grad_clip: float = num(1.0, 0)
     # Scale optim.lr with the effective batch: none, linear or sqrt of (global batch / reference_batch_size).
     lr_scaling: str = "none"

@@ -1,21 +1,14 @@
-"""AdamW and the learning-rate schedule: linear warmup, then cosine decay to lr * min_lr_ratio."""
+"""AdamW and its learning-rate schedule (optim.schedule, closed forms of the step in train/schedules.py)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
-
-def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
-    """Multiplier of the peak lr for the optimizer step with this 0-based index."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    decay_steps = max(1, max_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / decay_steps)
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+from train.schedules import Schedule
+from train.schedules import cosine_factor as lr_factor  # noqa: F401 - the default schedule, by its old name
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -41,9 +34,31 @@ def build_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
     )
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Any, max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    # The values read once, not through the config at every step (OmegaConf attribute access is slow).
-    warmup_steps, min_lr_ratio = int(cfg.warmup_steps), float(cfg.min_lr_ratio)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup_steps, max_steps, min_lr_ratio)
-    )
+class StepSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """LambdaLR over a Schedule, whose only state is the step: a resume sets every group's rate to the closed form
+    of this run's config at the restored step. (LambdaLR restored its saved base rates and left the optimizer's
+    restored rate, the old schedule's, for the first step: an extended run trained one step at the old end's rate
+    and jumped at the next.)"""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Schedule) -> None:
+        self.schedule = schedule
+        super().__init__(optimizer, lambda n: schedule.factor(n))
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.pop("schedule")  # the config says it; checkpoints hold plain values only
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Takes only the step from a saved state (ours, or torch's LambdaLR's in older checkpoints)."""
+        self.last_epoch = int(state_dict["last_epoch"])
+        self._step_count = int(state_dict.get("_step_count", self.last_epoch + 1))
+        factor = self.schedule.factor(self.last_epoch)
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base_lr * factor
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Any, max_steps: int) -> StepSchedule:
+    # The schedule is read from the config once, not at every step (OmegaConf attribute access is slow).
+    return StepSchedule(optimizer, Schedule.from_config(cfg, max_steps))

@@ -187,6 +187,21 @@ CASES = [
          "prepared with different tokenizers (big, vocabulary 300; bytes, vocabulary 257)"),
     Case("mixture-data-group", ("data.sources.a.path=tokens.bin",), "data.sources mixes token data on disk, which "
                                                                     "data=synthetic does not read: add data=tokens"),
+    # -- learning-rate schedules (train/schedules.py, launcher/lr_schedule.py) ------------------------------------
+    Case("schedule-choice", ("optim.schedule=cosin",), "optim.schedule=cosin is not one of cosine, linear, constant, "
+                                                       "wsd, inverse_sqrt: set optim.schedule=cosine"),
+    Case("decay-shape-choice", ("optim.schedule=wsd", "optim.decay_shape=sqrt"), "optim.decay_shape=sqrt is not one "
+                                                                                 "of 1-sqrt, linear, cosine"),
+    Case("decay-start-past-end", ("optim.schedule=wsd", "optim.decay_start_step=120"), "optim.decay_start_step=120 "
+         "is past trainer.max_steps=100: set optim.decay_start_step<=100"),
+    Case("decay-start-in-warmup", ("optim.schedule=wsd", "optim.decay_start_step=3"), "optim.decay_start_step=3 is "
+         "inside the warmup (optim.warmup_steps=5): set optim.decay_start_step>=5"),
+    Case("decay-overlaps-warmup", ("optim.schedule=wsd", "optim.decay_fraction=0.98"), "optim.warmup_steps=5 and the "
+         "decay (optim.decay_fraction=0.98 of trainer.max_steps=100 = 98 steps) overlap"),
+    Case("schedule-ignores-key", ("optim.decay_start_step=50",), "optim.decay_start_step=50 has no effect on "
+         "optim.schedule=cosine (only optim.schedule=wsd reads it): drop it or set optim.schedule=wsd"),
+    Case("inverse-sqrt-timescale", ("optim.schedule=inverse_sqrt", "optim.warmup_steps=0"), "optim.schedule="
+         "inverse_sqrt without warmup needs a timescale: set optim.timescale=N"),
 ]
 
 
