@@ -78,6 +78,8 @@ def _differs(run_dir: Path, changes: list[tuple[str, Any, Any]]) -> ConfigError:
                      "re-derived)")
     hints.append("to resume it go back to the saved values (trainer.max_steps, trainer.log_every, "
                  "trainer.ckpt_every, the layout and the cluster may change on resume)")
+    if any(_data_choice(k) for k in keys):
+        hints.append("to resume it on this data add data.allow_changed=true")
     return ConfigError(
         f"{run_dir} holds a run with other training settings ({shown}{more}): pick another run.name (or run.root) to "
         f"train these settings apart; {'; '.join(hints)}; run.overwrite=true deletes its checkpoints and starts over"

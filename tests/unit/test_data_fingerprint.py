@@ -112,7 +112,8 @@ def test_allow_changed_lets_the_data_keys_change_at_launch(tmp_path: Path) -> No
                                                       "data": data_fingerprint(saved.data)}))
     check_run_dir(saved, run_dir, 1)
     other, _ = compose_and_plan([*common, f"data.path={b}"])
-    with pytest.raises(ConfigError, match="other training settings \\(data.path: "):
+    with pytest.raises(ConfigError, match="other training settings \\(data.path: .*to resume it on this data add "
+                                          "data.allow_changed=true"):
         check_run_dir(other, run_dir, 1)
     allowed, _ = compose_and_plan([*common, f"data.path={b}", "data.allow_changed=true"])
     check_run_dir(allowed, run_dir, 1)
