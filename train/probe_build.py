@@ -2,9 +2,10 @@
 
 On the meta device first: no memory, no weights. A constructor that loads weights (Hugging Face's
 `from_pretrained(local_dir)`, or `torch.load` of a file whose values it reads) fails there; it is built again on
-the CPU, within a memory bound enforced on this process (RLIMIT_DATA: an allocation past it fails instead of
-crowding the login node), then moved to the meta device. Larger than the bound, the parameters are counted from
-the shapes in the weight files `model.args` names (train/weight_files.py).
+the CPU, then moved to the meta device. Both builds run within a memory bound enforced on this process
+(RLIMIT_DATA: an allocation past it fails instead of crowding the login node; on the meta device a constructor may
+still read whole weight files into memory). Larger than the bound, the parameters are counted from the shapes in
+the weight files `model.args` names (train/weight_files.py).
 """
 
 from __future__ import annotations
@@ -106,12 +107,15 @@ def _out_of_memory(err: BaseException | None) -> bool:
     return False
 
 
-def _on_cpu(model_cfg: Any, bound: int) -> nn.Module:
+def _build(model_cfg: Any, bound: int, on_meta: bool) -> nn.Module:
+    """The model, moved to the meta device (only the shapes are needed), built with allocations past `bound` more
+    bytes refused: on the CPU, and on the meta device too, where a constructor may still read its weight files."""
     with memory_limit(bound) as limited:
-        if not limited:
+        if not limited and not on_meta:
             raise MemoryError("no memory limit can be set on this host")
         try:
-            return build_model(model_cfg).to("meta")  # the values are not needed, only the shapes
+            with torch.device("meta") if on_meta else contextlib.nullcontext():
+                return build_model(model_cfg).to("meta")
         finally:
             gc.collect()
 
@@ -139,26 +143,27 @@ def _from_files(model_cfg: Any, why: str) -> Built:
 
 def build_for_probe(model_cfg: Any, bound: int | None = None) -> Built:
     """The model on the meta device, however it had to be built, or its weight files' facts; ConfigError for the
-    user's input. `bound`: bytes the CPU build may take (memory_bound() unless given)."""
+    user's input. `bound`: bytes the build may take (memory_bound() unless given)."""
     from train.weight_files import weight_files
 
+    bound = memory_bound() if bound is None else bound
+    limit = f"the {bound / GB:.1f} GB the probe may take here"
     try:
-        with torch.device("meta"):
-            return Built(build_model(model_cfg))
+        return Built(_build(model_cfg, bound, on_meta=True))
     except ConfigError:
         raise
     except Exception as err:  # the user's code, which may need real tensors: try the CPU
+        if _out_of_memory(err):
+            return _from_files(model_cfg, f"building the model read more than {limit}")
         on_meta = f"the model could not be built on the meta device ({first_line(err)})"
-    bound = memory_bound() if bound is None else bound
     weights = sum(p.stat().st_size for p in weight_files(_args(model_cfg)))
     if weights > bound:  # it would not fit: don't start
-        return _from_files(model_cfg, f"{on_meta}, and its weight files hold {weights / GB:.1f} GB, more than the "
-                                      f"{bound / GB:.1f} GB it may take on the CPU here")
+        return _from_files(model_cfg, f"{on_meta}, and its weight files hold {weights / GB:.1f} GB, more than {limit}")
     try:
-        return Built(_on_cpu(model_cfg, bound))
+        return Built(_build(model_cfg, bound, on_meta=False))
     except ConfigError:
         raise
     except Exception as err:
         if not _out_of_memory(err):  # it fails on any device: the ranks will say how
             return Built(error=f"{on_meta}, nor on the CPU ({first_line(err)})")
-    return _from_files(model_cfg, f"{on_meta}, nor on the CPU within {bound / GB:.1f} GB")
+    return _from_files(model_cfg, f"{on_meta}, nor on the CPU within {limit}")

@@ -209,7 +209,23 @@ def test_a_model_larger_than_the_bound_is_counted_from_its_weight_files(pretrain
     assert built.facts["n_blocks"] == len(blocks) == 2
     assert built.facts["block_params"] == _count(blocks[0][1])
     assert built.facts["largest_param"] == max(p.numel() for p in real.parameters())
-    assert "parameters counted from the shapes in" in built.note and "0.0 GB it may take on the CPU" in built.note
+    assert "parameters counted from the shapes in" in built.note and "the 0.0 GB the probe may take here" in built.note
+
+
+@pytest.mark.filterwarnings("ignore:.*copying from a non-meta parameter")
+def test_a_meta_build_that_reads_its_weight_files_stays_within_the_bound(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from tests.fixtures.user_models import TinyLM
+
+    big = TinyLM(8192, dim=512)  # embedding and output layer of 4M floats each: a 32 MB file
+    save_file(big.state_dict(), str(tmp_path / "big.safetensors"))
+    cfg = OmegaConf.create(_request("from_safetensors", path=str(tmp_path / "big.safetensors"))["model"])
+    built = build_for_probe(cfg, bound=16 * 2**20)
+    assert built.model is None and built.facts is not None and built.facts["n_params"] == _count(big)
+    assert "building the model read more than the 0.0 GB the probe may take here" in built.note
+    exact = build_for_probe(cfg, bound=512 * 2**20)
+    assert exact.model is not None and _count(exact.model) == _count(big) and exact.note == ""
 
 
 def test_the_cpu_build_stays_within_its_memory_bound() -> None:
@@ -217,7 +233,7 @@ def test_the_cpu_build_stays_within_its_memory_bound() -> None:
     built = build_for_probe(cfg, bound=64 * 2**20)
     assert built.model is None and built.facts is None
     assert "could not be built on the meta device (RuntimeError: Tensor.item() cannot be called on meta" in built.error
-    assert "nor on the CPU within 0.1 GB; model.args names no weight files" in built.error
+    assert "nor on the CPU within the 0.1 GB the probe may take here; model.args names no weight" in built.error
     # The limit is lifted again, and a model within the bound is built (then kept on the meta device).
     assert torch.ones(2**27).sum() == 2**27
     fits = build_for_probe(cfg, bound=1024 * 2**20)
