@@ -22,7 +22,7 @@ from launcher.overrides import override_key, typed_for
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "data", "optim", "strategy", "precision")
-# What the training side implements (train/data.py source_for, train/optim.py build_optimizer).
+# What the training side implements (train/data/sources.py build_source, train/optim.py build_optimizer).
 DATA_SOURCES = ("synthetic", "tokens")
 OPTIMIZERS = ("adamw",)
 

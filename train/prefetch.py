@@ -1,6 +1,6 @@
 """Micro batches prepared off the critical path: a worker thread loads the next ones while the model trains.
 
-The loop's data is a pure function of the global sample index (train/data.py), so the worker simply walks the
+The loop's data is a pure function of the global sample index (train/data/), so the worker simply walks the
 indices the next steps will ask for, `steps_ahead` optimizer steps at most (a bounded queue). The loop asks for
 each micro batch by its indices and gets exactly that one: a mismatch is a bug and fails loudly rather than
 training on the wrong samples. Batches prefetched but never asked for (a stop, a crash) are dropped; resume
