@@ -36,10 +36,13 @@ from launcher.parallel import (
     summary_lines,
 )
 from launcher.probe import needs_probe, probe
+from train.evaluation.sets import check_eval
 
 # Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
 # with more steps or another log interval resumes in the same directory.
 NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile", "watchdog",
+                 # Validation reads the model, never changes what is trained.
+                 "eval",
                  # The layout: a run may resume on another one (DCP reshards).
                  "parallel",
                  "trainer.max_steps",
@@ -328,6 +331,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     _check_ranges(cfg, world)
     _check_model(cfg)
     check_inputs(cfg)
+    check_eval(cfg)
     if cfg.strategy.name != "auto":
         _check_strategy(cfg, world)
     shape, shape_note = model_shape(cfg, world)

@@ -328,6 +328,20 @@ class ClusterConfig:
 
 
 @dataclass
+class EvalConfig:
+    # Validation during training (train/evaluation/): every this many steps and at the end; 0: off. Not a
+    # training setting (validation never changes what is trained), so not part of the derived run name.
+    every: int = num(0, 0)
+    # Batches of trainer.global_batch_size samples per set: the same samples every time, on any world size.
+    batches: int = num(4, 1)
+    # Also evaluate the initial weights, at step 0.
+    at_start: bool = False
+    # Named sets, eval.sets.NAME.kind=val|tokens|synthetic|dataset (train/evaluation/sets.py); none named: one
+    # set "val", the prepared data's validation split or the synthetic stream's held-out samples.
+    sets: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Config:
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
@@ -343,6 +357,7 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig | None = None
     profile: ProfileConfig | None = None
 
@@ -359,3 +374,7 @@ def register() -> None:
     sources = OmegaConf.create({"sources": {}})
     OmegaConf.set_struct(sources.sources, False)
     ConfigStore.instance().store(group="slurmtrain", name="open_sources", node=sources)
+    # eval.sets.NAME.kind=... likewise, without `+` (conf/config.yaml puts this node at eval).
+    eval_sets = OmegaConf.create({"sets": {}})
+    OmegaConf.set_struct(eval_sets.sets, False)
+    ConfigStore.instance().store(group="slurmtrain", name="open_eval_sets", node=eval_sets)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -32,6 +33,7 @@ from train.data import (
 from train.data.fingerprint import data_fingerprint, refuse_changed_data
 from train.data.index import INDEX_VERSION, LEGACY_INDEX_VERSION
 from train.distributed import DistEnv, all_reduce_mean
+from train.evaluation.validator import Validator
 from train.metrics import MetricsLogger, log
 from train.preemption import PreemptionWatcher, StopOutcome, after_stop
 from train.prefetch import BatchPrefetcher, describe_dropped
@@ -212,6 +214,9 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
     outcome = StopOutcome(0, None)
+    validator = Validator(cfg, strategy, device)
+    if validator.due(state.step):  # step 0, eval.at_start
+        metrics.log(state.step, state.tokens, None, **validate(validator, model, watchdog, metrics))
     prefetcher: BatchPrefetcher | None = None
     try:
         prefetcher = start_prefetch(source, state, cfg, strategy, device)
@@ -229,11 +234,13 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             state.samples += global_batch
             state.tokens += global_batch * seq_len
             logged: float | None = None
-            if state.step % t.log_every == 0 or state.step in (1, t.max_steps):
+            # Before the stop agreement: a signal that comes during validation stops at this step, as always.
+            val = validate(validator, model, watchdog, metrics) if validator.due(state.step) else {}
+            if state.step % t.log_every == 0 or state.step in (1, t.max_steps) or val:
                 logged = losses[state.step] = float(all_reduce_mean(loss))
                 metrics.log(state.step, state.tokens,
                             {**telemetry.collect(state.step, strategy), **data_progress(source, state.samples)},
-                            loss=logged, lr=lr, grad_norm=float(grad_norm))
+                            loss=logged, lr=lr, grad_norm=float(grad_norm), **val)
             metrics.tick(state.step, logged)
             stop = state.step < t.max_steps and watcher.stop_requested(state.step)
             watchdog.step_finished(state.step)
@@ -274,6 +281,17 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         if own_watchdog:
             watchdog.close()
     return TrainResult(state, model, losses, outcome)
+
+
+def validate(validator: Validator, model: torch.nn.Module, watchdog: Watchdog,
+             metrics: MetricsLogger) -> dict[str, float]:
+    """One validation pass in its own watchdog section; its time is left out of the logged throughput."""
+    started = time.perf_counter()
+    with watchdog.section("validation"):
+        values = validator.run(model)
+    metrics.exclude(time.perf_counter() - started)
+    log.info("validation: %s", " ".join(f"{k} {v:.4f}" for k, v in values.items()))
+    return values
 
 
 def layout_line(layout: Any, hosts: list[str]) -> str:

@@ -100,12 +100,16 @@ class MetricsLogger:
             f.write(metrics_file.encode_row(row) + "\n")  # strict JSON: a non-finite value is written as text
         if self.wandb_run is not None:
             self.wandb_run.log(wandb_values(row), step=step)
-        if self.progress is None:
+        if self.progress is None and "loss" in row:  # a step-0 validation row has no training loss
             log.info(
                 "step %d/%d loss %.4f lr %.3g tok/s %.0f%s",
                 step, self.max_steps, row["loss"], row["lr"], row["tokens_per_s"], telemetry_text(row),
             )
         return row
+
+    def exclude(self, seconds: float) -> None:
+        """Leave these seconds (a validation pass) out of the next row's tokens_per_s."""
+        self._last_time += seconds
 
     def _reroute_stream_handlers(self, stream: Any) -> None:
         for handler in log.handlers:

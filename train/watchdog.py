@@ -156,11 +156,17 @@ class Watchdog:
 
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
+        """A section of its own (checkpoint, validation). Inside another (a validation pass within a step, or at
+        step 0 within start-up), the outer one resumes afterwards with the inner time left out of it."""
+        outer = self._section
+        started = time.monotonic()
         self.enter(name)
         try:
             yield
         finally:
             self.leave()
+            if outer is not None and self.enabled:
+                self._section = (outer[0], outer[1] + time.monotonic() - started, outer[2])
 
     def save_state(self) -> None:
         """Rank 0 keeps what was learned for the next attempt."""

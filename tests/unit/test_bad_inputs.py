@@ -202,6 +202,16 @@ CASES = [
          "optim.schedule=cosine (only optim.schedule=wsd reads it): drop it or set optim.schedule=wsd"),
     Case("inverse-sqrt-timescale", ("optim.schedule=inverse_sqrt", "optim.warmup_steps=0"), "optim.schedule="
          "inverse_sqrt without warmup needs a timescale: set optim.timescale=N"),
+    # -- validation (eval.*) ----------------------------------------------------------------------------------
+    Case("eval-with-pipeline", ("eval.every=5", "parallel.pp=2", "local.nproc=2", "model.tie_embeddings=false"),
+         "in-loop validation has no pipeline schedule yet; set eval.every=0"),
+    Case("eval-kind-unknown", ("eval.every=5", "eval.sets.held.kind=heldout"),
+         "eval.sets.held.kind=heldout must be one of val, tokens, synthetic, dataset"),
+    Case("eval-set-key-unknown", ("eval.every=5", "eval.sets.held.pth=x"),
+         "eval.sets.held.pth is not a key of a validation set"),
+    Case("eval-tokens-no-path", ("eval.every=5", "eval.sets.held.kind=tokens"),
+         "eval.sets.held.kind=tokens needs eval.sets.held.path=FILE"),
+    Case("eval-every-negative", ("eval.every=-1",), "set eval.every to a value at least 0"),
 ]
 
 

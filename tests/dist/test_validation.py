@@ -1,0 +1,70 @@
+"""In-loop validation (eval.*) on 2 CPU ranks: the logged validation loss equals a single-process evaluation of
+the same weights on the same samples, and a run with validation trains bitwise like one without (dropout on, so
+a pass that drew from the training RNG or left the model in eval mode would show)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from launcher.compose import compose_and_plan
+from launcher.local import free_port
+from tests.conftest import read_metrics
+from tests.dist.workers import train_and_dump_full_model
+from train.build import build_model, logits_of
+from train.data.synthetic import SyntheticTokens
+from train.evaluation.sets import HELD_OUT_START
+
+pytestmark = pytest.mark.dist
+
+STEPS, EVERY, BATCHES = 4, 2, 2
+COMMON = ["model.d_model=32", "model.n_layers=1", "model.ffn_hidden=64", "model.tie_embeddings=false", "model.dropout=0.1", "data.seq_len=16",
+          "trainer.micro_batch_size=2", "trainer.global_batch_size=8", f"trainer.max_steps={STEPS}",
+          "trainer.ckpt_every=0"]
+EVAL = [f"eval.every={EVERY}", f"eval.batches={BATCHES}", "eval.at_start=true"]
+LAYOUTS = {"ddp": ["strategy=ddp"], "fsdp": ["strategy=fsdp"], "tp2": ["strategy=fsdp", "parallel.tp=2"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("validation")
+    configs = {}
+    for name, layout in LAYOUTS.items():
+        configs[f"{name}-eval"] = [*COMMON, *layout, *EVAL]
+        configs[f"{name}-plain"] = [*COMMON, *layout]
+    mp.spawn(train_and_dump_full_model, args=(2, free_port(), str(out), configs), nprocs=2)
+    return out
+
+
+def _single_process_loss(state: dict[str, torch.Tensor]) -> float:
+    """The held-out synthetic set's first BATCHES x global batch samples, all at once, in one process."""
+    cfg, _ = compose_and_plan(["local.nproc=1", "strategy=single", *COMMON])
+    model = build_model(cfg.model)
+    model.load_state_dict(state)
+    model.eval()
+    source = SyntheticTokens(cfg.model.vocab_size, cfg.data.seq_len, cfg.data.seed, cfg.data.signal)
+    tokens = torch.from_numpy(source.sample_batch(range(HELD_OUT_START, HELD_OUT_START + BATCHES * 8)))
+    with torch.no_grad():
+        logits = logits_of(model(tokens[:, :-1]))
+    return float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_validation_loss_is_the_single_process_loss_and_training_is_unchanged(runs: Path, layout: str) -> None:
+    with_eval, plain = runs / f"{layout}-eval", runs / f"{layout}-plain"
+    ref = torch.load(with_eval / "reference.pt", weights_only=False)
+    rows = {r["step"]: r for r in read_metrics(with_eval)}
+    assert [s for s, r in sorted(rows.items()) if "val/val/loss" in r] == [0, 2, 4]  # at start, every 2, the end
+    final = rows[STEPS]
+    expected = _single_process_loss(ref["state"])
+    assert final["val/val/loss"] == pytest.approx(expected, rel=1e-5)
+    assert final["val/val/ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
+    # Bitwise: the same training losses with validation as without.
+    plain_ref = torch.load(plain / "reference.pt", weights_only=False)
+    assert ref["losses"] == plain_ref["losses"] and len(ref["losses"]) == STEPS
+    assert not any("val/val/loss" in r for r in read_metrics(plain))

@@ -1,0 +1,52 @@
+"""The eval section's shape and launch refusals (train/evaluation/sets.py), and that it is not part of the run name."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.compose import compose_and_plan
+from launcher.errors import ConfigError
+from train.evaluation.sets import resolved_sets
+
+
+def test_eval_is_off_by_default_and_not_part_of_the_run_name() -> None:
+    plain, _ = compose_and_plan(["run.root=/tmp/x"])
+    with_eval, _ = compose_and_plan(["run.root=/tmp/x", "eval.every=5", "eval.at_start=true",
+                                     "eval.sets.held.kind=synthetic"])
+    assert plain.eval.every == 0
+    assert plain.run.name == with_eval.run.name
+
+
+def test_named_sets_resolve_and_the_default_is_the_synthetic_held_out_stream() -> None:
+    cfg, _ = compose_and_plan(["run.root=/tmp/x", "eval.every=5"])
+    assert resolved_sets(cfg) == {"val": {"kind": "synthetic", "seed": int(cfg.data.seed)}}
+    cfg, _ = compose_and_plan(["run.root=/tmp/x", "eval.every=5", "eval.sets.a.kind=synthetic", "eval.sets.a.seed=7",
+                               "eval.sets.b._target_=my.Dataset"])
+    assert resolved_sets(cfg) == {"a": {"kind": "synthetic", "seed": 7},
+                                  "b": {"kind": "dataset", "_target_": "my.Dataset"}}
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["eval.every=5", "parallel.pp=2", "local.nproc=2", "model.tie_embeddings=false"], "no pipeline schedule yet"),
+    (["eval.every=5", "eval.sets.x.kind=val"], "eval.sets.x.kind=val needs a prepared directory"),
+    (["eval.every=5", "eval.sets.x.kind=dataset"], "eval.sets.x.kind=dataset needs eval.sets.x._target_"),
+    (["eval.every=5", "data._target_=my.Dataset"], "data._target_ has none: name one"),
+])
+def test_sets_that_cannot_work_are_refused_at_launch(overrides: list[str], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        compose_and_plan(["run.root=/tmp/x", *overrides])
+
+
+def test_a_token_file_without_a_validation_split_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    tokens = tmp_path / "t.bin"
+    (np.arange(1000) % 256).astype(np.uint16).tofile(tokens)
+    with pytest.raises(ConfigError, match="has no validation split"):
+        compose_and_plan(["run.root=/tmp/x", "eval.every=5", "data=tokens", f"data.path={tokens}"])
+    with pytest.raises(ConfigError, match="is not a prepared directory"):
+        compose_and_plan(["run.root=/tmp/x", "eval.every=5", "data=tokens", f"data.path={tokens}",
+                          "eval.sets.x.kind=val", f"eval.sets.x.path={tokens}"])
+    cfg, _ = compose_and_plan(["run.root=/tmp/x", "eval.every=5", "data=tokens", f"data.path={tokens}",
+                               "eval.sets.x.kind=tokens", f"eval.sets.x.path={tokens}"])
+    assert resolved_sets(cfg)["x"]["kind"] == "tokens"

@@ -1,0 +1,117 @@
+"""The validation sets a config names (eval.sets.NAME), resolved and checked; torch-free.
+
+A set is a dict with a `kind`:
+    val        the validation split of a prepared directory: `path` (default data.path; with a mixture, each
+               prepared source's split is its own set when no set is named)
+    tokens     a token file, a prepared directory's train split or a shard glob: `path`, read in order
+    synthetic  held-out samples of the synthetic stream (data=synthetic's table, sample indices from
+               HELD_OUT_START on, which training never reaches); `seed` (default data.seed)
+    dataset    a user's map-style dataset: `_target_` and `args`, items in order
+With eval.every > 0 and no set named, one set "val": the prepared data's validation split, else the synthetic
+stream's held-out samples, else the launch is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.errors import ConfigError
+
+KINDS = ("val", "tokens", "synthetic", "dataset")
+KEYS = ("kind", "path", "seed", "_target_", "args")
+# Sample indices of the synthetic stream a validation set reads: training would need 2^62 samples to reach them.
+HELD_OUT_START = 2**62
+EXAMPLE = "eval.sets.NAME.kind=tokens eval.sets.NAME.path=FILE"
+
+
+def eval_section(cfg: Any) -> Any:
+    """cfg.eval, or None for a config written before the key existed."""
+    return cfg.get("eval") if hasattr(cfg, "get") else getattr(cfg, "eval", None)
+
+
+def enabled(cfg: Any) -> bool:
+    section = eval_section(cfg)
+    return section is not None and int(section.every) > 0
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    return dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node or {})
+
+
+def default_sets(cfg: Any, on_ranks: bool = False) -> dict[str, dict[str, Any]]:
+    data = cfg.data
+    if data.get("_target_"):
+        raise ConfigError(f"eval.every={cfg.eval.every} needs a validation set and data._target_ has none: name one, "
+                          f"e.g. eval.sets.val.kind=dataset eval.sets.val._target_=YOUR_VALIDATION_DATASET")
+    if data.name == "synthetic":
+        return {"val": {"kind": "synthetic", "seed": int(data.seed)}}
+    if data.name == "tokens":
+        from train.data.spec import token_sources
+
+        specs = token_sources(data, split="val", on_ranks=on_ranks)
+        found = {s.name or "val": {"kind": "val", "path": s.path} for s in specs
+                 if s.manifest is not None and s.windows(int(data.seq_len)) >= 1}
+        if found:
+            return found
+    raise ConfigError(f"eval.every={cfg.eval.every} needs a validation set and data={data.name} has no validation "
+                      f"split (only a prepared directory has one): name one, e.g. {EXAMPLE}")
+
+
+def resolved_sets(cfg: Any, on_ranks: bool = False) -> dict[str, dict[str, Any]]:
+    """name -> the set's plain dict, kind filled in; raises ConfigError (one line) for a set that can't work."""
+    named = _plain(eval_section(cfg).sets)
+    if not named:
+        return default_sets(cfg, on_ranks)
+    out = {}
+    for name, entry in named.items():
+        key = f"eval.sets.{name}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{key}={entry!r} must be a set with a kind ({', '.join(KINDS)}), e.g. {EXAMPLE}")
+        unknown = sorted(set(entry) - set(KEYS))
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]} is not a key of a validation set: use {', '.join(KEYS)}")
+        kind = entry.get("kind") or ("dataset" if entry.get("_target_") else None)
+        if kind not in KINDS:
+            raise ConfigError(f"{key}.kind={kind} must be one of {', '.join(KINDS)}: e.g. {EXAMPLE}")
+        entry = {**entry, "kind": kind}
+        if kind == "val":
+            entry["path"] = entry.get("path") or (cfg.data.get("path") if cfg.data.name == "tokens" else None)
+            if not entry["path"]:
+                raise ConfigError(f"{key}.kind=val needs a prepared directory: add {key}.path=DIR (data.path is "
+                                  "used when data=tokens has one)")
+        if kind == "tokens" and not entry.get("path"):
+            raise ConfigError(f"{key}.kind=tokens needs {key}.path=FILE (a token file, prepared directory or glob)")
+        if kind == "dataset" and not entry.get("_target_"):
+            raise ConfigError(f"{key}.kind=dataset needs {key}._target_=YOUR_DATASET (and {key}.args.*)")
+        if kind == "synthetic":
+            entry.setdefault("seed", int(cfg.data.seed))
+        out[str(name)] = entry
+    return out
+
+
+def check_eval(cfg: Any) -> None:
+    """Launch-time refusals: validation with a pipeline, sets that don't resolve or have nothing to read."""
+    if not enabled(cfg):
+        return
+    pp = int(cfg.parallel.pp)
+    if pp > 1:
+        raise ConfigError(f"eval.every={cfg.eval.every} with parallel.pp={pp}: in-loop validation has no pipeline "
+                          "schedule yet; set eval.every=0 or train with parallel.pp=1")
+    for name, entry in resolved_sets(cfg).items():
+        if entry["kind"] in ("val", "tokens"):
+            _check_tokens(cfg, name, entry)
+
+
+def _check_tokens(cfg: Any, name: str, entry: dict[str, Any]) -> None:
+    from train.data.spec import resolve
+
+    split = "val" if entry["kind"] == "val" else "train"
+    spec = resolve(str(entry["path"]), f"eval.sets.{name}.path", str(cfg.data.dtype), split=split)
+    if entry["kind"] == "val" and spec.manifest is None:
+        raise ConfigError(f"eval.sets.{name}.path={entry['path']} is not a prepared directory, so it has no "
+                          f"validation split: use eval.sets.{name}.kind=tokens to evaluate on the whole file")
+    if spec.windows(int(cfg.data.seq_len)) < 1:
+        raise ConfigError(f"eval.sets.{name}.path={entry['path']} holds fewer than data.seq_len+1="
+                          f"{int(cfg.data.seq_len) + 1} tokens ({split} split): give a larger set")

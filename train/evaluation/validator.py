@@ -1,0 +1,113 @@
+"""The in-loop evaluation pass (torchtitan's Validator, Megatron's eval_interval/eval_iters, in our terms).
+
+Each set's samples are fixed: global sample indices [0, eval.batches x global batch), split over the
+data-parallel ranks the way training splits a step (train/data/batches.py), so the set is the same on any world
+size. The loss is the global token-weighted mean: each rank sums its token losses and counts its tokens, and both
+are summed over every rank (tensor-parallel peers hold the same sums, which scales both alike). The pass runs in
+eval mode under no_grad with the RNG streams forked, so training draws exactly what it would have without it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from train.build import logits_of
+from train.data.batches import IGNORE_INDEX, load_micro_batch, planned_micro_batches
+from train.evaluation.sets import HELD_OUT_START, enabled, eval_section, resolved_sets
+
+
+class HeldOut:
+    """The synthetic stream's samples from HELD_OUT_START on, as sample 0, 1, ..."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def sample(self, index: int) -> Any:
+        return self.source.sample(HELD_OUT_START + index)
+
+    def sample_batch(self, indices: Any) -> Any:
+        return self.source.sample_batch([HELD_OUT_START + int(i) for i in indices])
+
+
+def build_set_source(cfg: Any, entry: dict[str, Any]) -> Any:
+    """A TokenSource over one resolved set (train/evaluation/sets.py), read in order."""
+    from omegaconf import OmegaConf
+
+    kind, data = entry["kind"], cfg.data
+    if kind == "synthetic":
+        from train.data.synthetic import SyntheticTokens
+
+        return HeldOut(SyntheticTokens(int(cfg.model.vocab_size), int(data.seq_len), int(entry["seed"]),
+                                       float(data.get("signal", 0.9))))
+    if kind == "dataset":
+        from train.data.dataset import build_dataset_source
+
+        return build_dataset_source(OmegaConf.create({"_target_": entry["_target_"], "args": entry.get("args") or {},
+                                                     "seed": int(data.seed), "shuffle": False,
+                                                     "seq_len": int(data.seq_len)}))
+    one = OmegaConf.create({"name": "tokens", "path": str(entry["path"]), "dtype": str(data.dtype),
+                            "seq_len": int(data.seq_len), "seed": int(data.seed), "shuffle": False, "sources": {}})
+    if kind == "val":
+        from train.data.prepared import validation_sources
+
+        return validation_sources(one)[""]
+    from train.data.sources import token_source
+
+    return token_source(one)
+
+
+class Validator:
+    def __init__(self, cfg: Any, strategy: Any, device: torch.device) -> None:
+        self.every = int(eval_section(cfg).every) if enabled(cfg) else 0
+        self.at_start = bool(eval_section(cfg).at_start) if self.every else False
+        self.max_steps = int(cfg.trainer.max_steps)
+        self.strategy, self.device = strategy, device
+        self.sets = {name: build_set_source(cfg, entry) for name, entry in resolved_sets(cfg, on_ranks=True).items()
+                     } if self.every else {}
+        t = cfg.trainer
+        batches = int(eval_section(cfg).batches) if self.every else 0
+        self.micro_batches = list(planned_micro_batches(0, batches, int(t.grad_accum_steps), strategy.dp_rank,
+                                                        strategy.dp_size, int(t.micro_batch_size)))
+
+    def due(self, step: int) -> bool:
+        if not self.every:
+            return False
+        return (self.at_start and step == 0) if step == 0 else step % self.every == 0 or step == self.max_steps
+
+    def run(self, model: torch.nn.Module) -> dict[str, float]:
+        """Every set's global loss and perplexity, as metrics fields val/NAME/loss and val/NAME/ppl."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        sums = torch.zeros(2 * len(self.sets), dtype=torch.float64, device=self.device)
+        was_training = model.training
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            model.train(False)
+            try:
+                for k, source in enumerate(self.sets.values()):
+                    sums[2 * k:2 * k + 2] = self._sums(model, source)
+            finally:
+                model.train(was_training)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(sums)
+        out: dict[str, float] = {}
+        for k, name in enumerate(self.sets):
+            loss = float(sums[2 * k] / sums[2 * k + 1].clamp(min=1))
+            out[f"val/{name}/loss"] = loss
+            out[f"val/{name}/ppl"] = math.exp(min(loss, 700.0))
+        return out
+
+    def _sums(self, model: torch.nn.Module, source: Any) -> torch.Tensor:
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for indices in self.micro_batches:
+            inputs, targets = (x.to(self.device, non_blocking=True) for x in load_micro_batch(source, indices))
+            with self.strategy.autocast():
+                logits = logits_of(model(inputs))
+            flat = targets.reshape(-1)
+            total[0] += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX,
+                                        reduction="sum").double()
+            total[1] += (flat != IGNORE_INDEX).sum()
+        return total
