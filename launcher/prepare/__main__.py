@@ -15,7 +15,7 @@ from typing import NoReturn
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.prepare.manifest import Manifest
 from launcher.prepare.plan import DEFAULT_TASK_MB, DEFAULT_VAL_FRACTION, Options, Plan, make_plan
-from launcher.prepare.run import cpu_count
+from launcher.prepare.run import AUTO_MB_PER_WORKER, cpu_count
 
 EXIT_INTERRUPTED = 130
 
@@ -90,10 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers",
         type=int,
-        default=cpu_count(),
+        default=None,
         metavar="N",
-        help="worker processes on this machine (default: the CPU count); the output is the same "
-        "for any number",
+        help=f"worker processes on this machine (default: the CPU count, {cpu_count()} here, but one per "
+        f"{AUTO_MB_PER_WORKER:g} MB of input at most: a smaller corpus is tokenized in this process, on "
+        f"every core); the output is the same for any number",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace a different preparation already in --out"
@@ -125,7 +126,7 @@ def _check_options(args: argparse.Namespace) -> None:
             f"--val-fraction {args.val_fraction} is outside [0, 1): give the share of documents "
             f"for validation, e.g. 0.005"
         )
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: give at least 1")
     if not args.task_mb > 0:
         raise ConfigError(f"--task-mb {args.task_mb}: give a positive size in megabytes, e.g. 256")

@@ -9,6 +9,7 @@ next batch, keeps the finished tasks, and the same command resumes.
 from __future__ import annotations
 
 import fcntl
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -142,8 +143,8 @@ def pending_tasks(plan: Plan) -> list[int]:
     return [i for i in range(len(plan.tasks)) if completed_record(plan, i, itemsize) is None]
 
 
-def prepare_local(plan: Plan, workers: int, overwrite: bool = False) -> tuple[Manifest, int]:
-    """Prepare `plan` on this machine with up to `workers` processes; returns the manifest written and the
+def prepare_local(plan: Plan, workers: int | None = None, overwrite: bool = False) -> tuple[Manifest, int]:
+    """Prepare `plan` on this machine with up to `workers` processes (None: as many as pay off); returns the manifest written and the
     number of tasks this run wrote (the others were complete already)."""
     created = claim_output(plan, overwrite)
     try:
@@ -161,14 +162,31 @@ def prepare_local(plan: Plan, workers: int, overwrite: bool = False) -> tuple[Ma
         raise
 
 
-def run_tasks(plan: Plan, pending: list[int], workers: int, created: Created) -> None:
+# With --workers left to its default, a worker process is started for at least this much input: starting one
+# (a spawned interpreter importing numpy and loading the tokenizer) costs a second or two of a core, about what a
+# core tokenizes of a few megabytes; below that the tokenizer's threads in this one process do better.
+AUTO_MB_PER_WORKER = 32.0
+
+
+def worker_count(workers: int | None, pending_bytes: int, pending_tasks: int) -> int:
+    """Processes for `pending_tasks` tasks: --workers when given, else one per CPU, at most one per task and (by
+    default only) one per AUTO_MB_PER_WORKER of input."""
+    if workers is None:
+        workers = min(cpu_count(), max(1, math.ceil(pending_bytes / (AUTO_MB_PER_WORKER * 2**20))))
+    return max(1, min(workers, pending_tasks))
+
+
+def run_tasks(plan: Plan, pending: list[int], workers: int | None, created: Created) -> None:
     total = sum(plan.inputs[f].bytes for i in pending for f in plan.tasks[i])
     with Reporter(total, len(pending)) as reporter:
-        processes = max(1, min(workers, len(pending)))
+        processes = worker_count(workers, total, len(pending))
         if processes == 1:
+            from launcher.prepare.tokenizer import encoder_for
+
+            encoder = encoder_for(plan.tokenizer)  # loaded once, not per task
             for index in pending:
                 try:
-                    run_task(plan, index, progress=reporter.advance)
+                    run_task(plan, index, encoder, progress=reporter.advance)
                 except KeyboardInterrupt:
                     raise Interrupted() from None
                 created.tasks.append(index)
@@ -206,39 +224,74 @@ def _work(index: int) -> int:
     return index
 
 
+class _Here:
+    """The driver's own share of the work, on a thread: it starts at once, while the worker processes are still
+    starting (a spawned interpreter takes a second or two to import numpy and the tokenizer)."""
+
+    def __init__(self, plan: Plan, stop: Any) -> None:
+        self.plan, self.stop = plan, stop
+        self.progress: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self.encoder: Any = None
+
+    def work(self, index: int) -> int:
+        from launcher.prepare.tokenizer import encoder_for
+
+        self.encoder = self.encoder or encoder_for(self.plan.tokenizer)
+        try:
+            run_task(self.plan, index, self.encoder, lambda b, t: self.progress.put((b, t)), self.stop.is_set)
+        except InterruptedError:
+            return -1
+        return index
+
+
 def _run_pool(plan: Plan, pending: list[int], processes: int, created: Created, reporter: Reporter) -> None:
+    """`processes` workers: this process (a thread) and processes-1 spawned ones, each taking the next pending
+    task when it finishes one."""
+    from concurrent.futures import Executor, ThreadPoolExecutor
+
     ctx = mp.get_context("spawn")  # no fork of a process that may hold the tokenizer's threads or rich's
     progress, stop = ctx.Queue(), ctx.Event()
     threads = max(1, cpu_count() // processes)
+    # This process's tokenizer threads too (read when they start, at its first batch; a user's setting wins).
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    here = _Here(plan, stop)
+    todo = list(reversed(pending))
+    futures: dict[Future[int], tuple[int, Executor, Any]] = {}
     error: BaseException | None = None
-    with ProcessPoolExecutor(
-        processes, mp_context=ctx, initializer=_init_worker, initargs=(plan, threads, progress, stop)
-    ) as pool:
-        futures: dict[Future[int], int] = {pool.submit(_work, i): i for i in pending}
+
+    def launch(executor: Executor, work: Any) -> None:
+        if todo and error is None:
+            index = todo.pop()
+            futures[executor.submit(work, index)] = (index, executor, work)
+
+    with (
+        ThreadPoolExecutor(1) as thread,
+        ProcessPoolExecutor(
+            processes - 1, mp_context=ctx, initializer=_init_worker, initargs=(plan, threads, progress, stop)
+        ) as pool,
+    ):
+        launch(thread, here.work)
+        for _ in range(processes - 1):
+            launch(pool, _work)
         try:
             while futures:
                 done, _ = wait(futures, timeout=0.2, return_when=FIRST_COMPLETED)
-                _drain(progress, reporter)
+                _drain([progress, here.progress], reporter)
                 for future in done:
-                    index = futures.pop(future)
-                    if future.cancelled():
-                        continue
+                    index, executor, work = futures.pop(future)
                     exc = future.exception()
                     if exc is None and future.result() == index:
                         created.tasks.append(index)
                         reporter.task_done()
+                        launch(executor, work)
                     elif exc is not None and error is None:
                         error = exc
                         stop.set()
-                        for other in futures:
-                            other.cancel()
         except KeyboardInterrupt:
             stop.set()
-            for other in futures:
-                other.cancel()
             error = Interrupted()
             wait(futures)
-        _drain(progress, reporter)
+        _drain([progress, here.progress], reporter)
     if error is not None:
         from concurrent.futures.process import BrokenProcessPool
 
@@ -247,13 +300,14 @@ def _run_pool(plan: Plan, pending: list[int], processes: int, created: Created, 
         raise error
 
 
-def _drain(progress: Any, reporter: Reporter) -> None:
-    while True:
-        try:
-            read_bytes, tokens = progress.get_nowait()
-        except queue.Empty:
-            return
-        reporter.advance(read_bytes, tokens)
+def _drain(queues: list[Any], reporter: Reporter) -> None:
+    for q in queues:
+        while True:
+            try:
+                read_bytes, tokens = q.get_nowait()
+            except queue.Empty:
+                break
+            reporter.advance(read_bytes, tokens)
 
 
 # ---------------------------------------------------------------- finalize

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -129,43 +130,67 @@ def _configured_eos(path: Path) -> str | None:
     return eos if isinstance(eos, str) else None
 
 
+def with_eods(body: np.ndarray, lengths: np.ndarray, eod_id: int, dtype: np.dtype) -> np.ndarray:
+    """The documents' ids (concatenated in `body`, `lengths` each) with the end-of-document id after each."""
+    ends = np.cumsum(lengths + 1) - 1
+    out = np.empty(len(body) + len(lengths), dtype=dtype)
+    is_body = np.ones(len(out), dtype=bool)
+    is_body[ends] = False
+    out[is_body] = body
+    out[ends] = eod_id
+    return out
+
+
 class BytesEncoder:
     def __init__(self, eod_id: int, dtype: str) -> None:
         self.eod_id, self.dtype = eod_id, np.dtype(dtype).newbyteorder("<")
 
     def encode(self, documents: list[str]) -> np.ndarray:
         data = [d.encode("utf-8") for d in documents]
-        ends = np.cumsum(np.fromiter(map(len, data), np.int64, len(data)) + 1) - 1
-        out = np.empty(int(ends[-1]) + 1 if len(data) else 0, dtype=self.dtype)
-        body = np.ones(len(out), dtype=bool)
-        body[ends] = False
-        out[body] = np.frombuffer(b"".join(data), dtype=np.uint8)
-        out[ends] = self.eod_id
-        return out
+        lengths = np.fromiter(map(len, data), np.int64, len(data))
+        return with_eods(np.frombuffer(b"".join(data), dtype=np.uint8), lengths, self.eod_id, self.dtype)
 
 
 class HFEncoder:
-    """encode_batch over the whole batch (the tokenizer's Rust threads), then one flat array."""
+    """encode_batch over the whole batch (the tokenizer's Rust threads), then one flat array.
+
+    A special token's text inside a document ("<|endoftext|>" quoted in a web page) is text, not the end of a
+    document: a batch whose ids hold a special token's id (only such text puts one there) is encoded again with
+    `encode_special_tokens` on (tokenizers >= 0.19), which encodes that text as the characters it is made of.
+    Other batches, nearly all, skip that mode: it costs some 8% more time."""
 
     def __init__(self, path: str, eod_id: int, dtype: str) -> None:
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(path)
-        # A special token's text inside a document ("<|endoftext|>" quoted in a web page) is text, not the end of a
-        # document: encoded as the characters it is made of (tokenizers >= 0.19).
-        if hasattr(tokenizer, "encode_special_tokens"):
-            tokenizer.encode_special_tokens = True
-        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we do not keep.
-        self.encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        # encode_batch, not encode_batch_fast: the "fast" one (no offsets) measured 10-20% slower with
+        # tokenizers 0.23 on byte-level BPE (bench/prepare_throughput.py's corpus).
+        self.path = path
+        self.tokenizer = Tokenizer.from_file(path)
+        self.literal: Any = None  # the same tokenizer with encode_special_tokens on, loaded when first needed
+        added = (
+            self.tokenizer.get_added_tokens_decoder()
+            if hasattr(self.tokenizer, "get_added_tokens_decoder")
+            else {}
+        )
+        self.special_ids = np.array(sorted(i for i, t in added.items() if t.special), dtype=np.int64)
+        self.can_literal = bool(len(self.special_ids)) and hasattr(self.tokenizer, "encode_special_tokens")
         self.eod_id, self.dtype = eod_id, np.dtype(dtype).newbyteorder("<")
 
+    def _ids(self, tokenizer: Any, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = [encoding.ids for encoding in tokenizer.encode_batch(documents, add_special_tokens=False)]
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        return np.fromiter(chain.from_iterable(ids), self.dtype, int(lengths.sum())), lengths
+
     def encode(self, documents: list[str]) -> np.ndarray:
-        flat: list[int] = []
-        extend, eod = flat.extend, self.eod_id
-        for encoding in self.encode_batch(documents, add_special_tokens=False):
-            extend(encoding.ids)
-            flat.append(eod)
-        return np.array(flat, dtype=self.dtype)
+        body, lengths = self._ids(self.tokenizer, documents)
+        if self.can_literal and np.isin(body, self.special_ids).any():
+            if self.literal is None:
+                from tokenizers import Tokenizer
+
+                self.literal = Tokenizer.from_file(self.path)
+                self.literal.encode_special_tokens = True
+            body, lengths = self._ids(self.literal, documents)
+        return with_eods(body, lengths, self.eod_id, self.dtype)
 
 
 def encoder_for(choice: TokenizerChoice) -> Encoder:

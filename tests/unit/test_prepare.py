@@ -541,3 +541,13 @@ def test_a_different_preparation_in_out_is_refused_unless_overwrite(tmp_path: Pa
     assert code == 0, err
     assert mf.load_manifest(out).tokenizer.name == bpe.parent.name
     assert "one more document" in _decode(out, bpe)["train"] + _decode(out, bpe)["val"]
+
+
+def test_worker_processes_only_where_they_pay_off() -> None:
+    from launcher.prepare.run import AUTO_MB_PER_WORKER, cpu_count, worker_count
+
+    mb = int(AUTO_MB_PER_WORKER * 2**20)
+    assert worker_count(None, 5 * 2**20, 16) == 1  # a small corpus: the tokenizer's threads in one process
+    assert worker_count(None, 3 * mb, 16) == min(cpu_count(), 3)
+    assert worker_count(None, 1000 * mb, 2) == min(cpu_count(), 2)  # never more than the tasks
+    assert worker_count(2, 10, 16) == 2 and worker_count(8, 10**12, 3) == 3  # --workers N as given
