@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ class Plan:
             "tasks": [list(t) for t in self.tasks],
         }
 
-    @property
+    @cached_property  # every task's record carries it: computed once per plan, not per task
     def fingerprint(self) -> str:
         payload = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
