@@ -67,18 +67,40 @@ def _ours(out: Path) -> bool:
     return (out / PARTS).exists() or (out / MANIFEST).exists()
 
 
-def claim_output(plan: Plan, overwrite: bool) -> Created:
-    """Make `plan.out` hold this plan: create it, resume it (the same plan), or with --overwrite replace another
-    preparation. Refuses a directory holding something else. Writes .parts/plan.json."""
+@contextmanager
+def claimed(plan: Plan, overwrite: bool) -> Iterator[Created]:
+    """Hold `plan.out` for this plan: create it, or resume it (the same plan), or with --overwrite replace another
+    preparation; refuse a directory holding something else, or one that another preparation is writing (here or
+    as SLURM jobs). The directory is locked for the block; a ConfigError raised in it undoes what this run wrote."""
     out = Path(plan.out)
-    created = Created()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file: give a directory for the prepared dataset")
-    if out.is_dir() and any(out.iterdir()):
+    created = Created()
+    if not out.exists():
+        top = out
+        while not top.parent.exists():
+            top = top.parent
+        created.root = top
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with _locked(out):
+            _claim(plan, overwrite, created)
+            yield created
+    except ConfigError:
+        undo(plan, created)
+        raise
+
+
+def _claim(plan: Plan, overwrite: bool, created: Created) -> None:
+    from launcher.prepare.slurm import refuse_live_jobs
+
+    out = Path(plan.out)
+    if any(out.iterdir()):
         if not _ours(out):
             raise ConfigError(
                 f"--out {out} is not empty and holds no prepared dataset: give a new or empty directory"
             )
+        refuse_live_jobs(plan)
         old = load_plan(out) if (out / PARTS / PLAN).exists() else None
         if old is None or old.fingerprint != plan.fingerprint:
             what = difference(old, plan) if old is not None else "a preparation whose plan is gone"
@@ -88,16 +110,25 @@ def claim_output(plan: Plan, overwrite: bool) -> Created:
                     f"--out, or add --overwrite to replace it"
                 )
             _remove_preparation(out)
-    if not out.exists():
-        top = out
-        while not top.parent.exists():
-            top = top.parent
-        created.root = top
-    (out / PARTS).mkdir(parents=True, exist_ok=True)
+    (out / PARTS).mkdir(exist_ok=True)
     if not (out / PARTS / PLAN).exists():
         write_json_atomic(out / PARTS / PLAN, plan.to_json())
         created.plan = True
-    return created
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """One preparation at a time per directory: an exclusive lock on the directory itself, released when the
+    process ends however it ends."""
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another preparation is writing {out}: wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _remove_preparation(out: Path) -> None:
@@ -124,42 +155,20 @@ def undo(plan: Plan, created: Created) -> None:
             (out / split).rmdir()
 
 
-@contextmanager
-def locked(plan: Plan) -> Iterator[None]:
-    """One local preparation at a time per directory."""
-    with open(plan.parts / "lock", "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"another preparation is writing {plan.out}: wait for it to finish") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def pending_tasks(plan: Plan) -> list[int]:
     itemsize = np.dtype(plan.tokenizer.dtype).itemsize
     return [i for i in range(len(plan.tasks)) if completed_record(plan, i, itemsize) is None]
 
 
 def prepare_local(plan: Plan, workers: int | None = None, overwrite: bool = False) -> tuple[Manifest, int]:
-    """Prepare `plan` on this machine with up to `workers` processes (None: as many as pay off); returns the manifest written and the
-    number of tasks this run wrote (the others were complete already)."""
-    created = claim_output(plan, overwrite)
-    try:
-        with locked(plan):
-            from launcher.prepare.slurm import refuse_live_jobs
-
-            refuse_live_jobs(plan)
-            pending = pending_tasks(plan)
-            if pending:
-                (Path(plan.out) / MANIFEST).unlink(missing_ok=True)
-                run_tasks(plan, pending, workers, created)
-            return finalize(plan), len(pending)
-    except ConfigError:
-        undo(plan, created)
-        raise
+    """Prepare `plan` on this machine with up to `workers` processes (None: as many as pay off); returns the
+    manifest written and the number of tasks this run wrote (the others were complete already)."""
+    with claimed(plan, overwrite) as created:
+        pending = pending_tasks(plan)
+        if pending:
+            (Path(plan.out) / MANIFEST).unlink(missing_ok=True)
+            run_tasks(plan, pending, workers, created)
+        return finalize(plan), len(pending)
 
 
 # With --workers left to its default, a worker process is started for at least this much input: starting one

@@ -113,23 +113,17 @@ def submit(
     from omegaconf import OmegaConf
 
     from launcher import slurm
-    from launcher.prepare.run import claim_output, finalize, locked, pending_tasks, undo
+    from launcher.prepare.run import claimed, finalize, pending_tasks
 
     cluster = load_cluster(cluster_name, overrides, config_dir)
     slurm.preflight(OmegaConf.create({"cluster": cluster}))
-    created = claim_output(plan, overwrite)
-    try:
-        with locked(plan):
-            refuse_live_jobs(plan)
-            pending = pending_tasks(plan)
-            if not pending:
-                finalize(plan)
-                return f"already prepared: {plan.out} (every task complete; manifest.json written)"
-            (Path(plan.out) / MANIFEST).unlink(missing_ok=True)
-            return _queue(plan, cluster, pending)
-    except ConfigError:
-        undo(plan, created)
-        raise
+    with claimed(plan, overwrite):
+        pending = pending_tasks(plan)
+        if not pending:
+            finalize(plan)
+            return f"already prepared: {plan.out} (every task complete; manifest.json written)"
+        (Path(plan.out) / MANIFEST).unlink(missing_ok=True)
+        return _queue(plan, cluster, pending)
 
 
 def _queue(plan: Plan, cluster: Any, pending: list[int]) -> str:

@@ -551,3 +551,23 @@ def test_worker_processes_only_where_they_pay_off() -> None:
     assert worker_count(None, 3 * mb, 16) == min(cpu_count(), 3)
     assert worker_count(None, 1000 * mb, 2) == min(cpu_count(), 2)  # never more than the tasks
     assert worker_count(2, 10, 16) == 2 and worker_count(8, 10**12, 3) == 3  # --workers N as given
+
+
+def test_a_directory_another_preparation_is_writing_is_refused(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    _build_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    assert prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")[0] == 0
+    files = _tree(out)
+    fd = os.open(out, os.O_RDONLY)  # what a running preparation holds
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for extra in ([], ["--overwrite", "--val-fraction", "0.5"]):
+            code, err = prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes", *extra)
+            assert code == 2 and err.count("\n") == 1 and "another preparation is writing" in err, err
+            assert _tree(out) == files  # not even --overwrite touches it
+    finally:
+        os.close(fd)
+    assert prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")[0] == 0
