@@ -55,6 +55,27 @@ def val_threshold(val_fraction: float) -> int:
     return min(int(val_fraction * 2**64), 2**64)
 
 
+def split_batch(
+    body: np.ndarray, lengths: np.ndarray, val: np.ndarray | None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A batch's ids and document lengths cut into train and validation by the documents' `val` flags."""
+    if val is None or not val.any():
+        return {"train": (body, lengths)}
+    per_token = np.repeat(val, lengths)
+    return {"train": (body[~per_token], lengths[~val]), "val": (body[per_token], lengths[val])}
+
+
+def with_eods(body: np.ndarray, lengths: np.ndarray, eod_id: int) -> np.ndarray:
+    """The documents' ids (concatenated in `body`, `lengths` each) with the end-of-document id after each."""
+    ends = np.cumsum(lengths + 1) - 1
+    out = np.empty(len(body) + len(lengths), dtype=body.dtype)
+    is_body = np.ones(len(out), dtype=bool)
+    is_body[ends] = False
+    out[is_body] = body
+    out[ends] = eod_id
+    return out
+
+
 class ShardWriter:
     """Appends token arrays to a temporary file, hashing as it goes; commit() renames it into place."""
 
@@ -135,24 +156,23 @@ def run_task(
     counts = [0] * len(files)
     writers = {split: ShardWriter(root, shard_name(split, index)) for split in SPLITS}
     threshold, key = val_threshold(plan.options.val_fraction), split_key(plan.options.split_seed)
+    eod_id = plan.tokenizer.eod_id
     kill_at = os.environ.get(KILL_AT_TASK_ENV)
     try:
         for batch, done_bytes in _batches(files, plan, counts):
             if should_stop is not None and should_stop():
                 raise InterruptedError("stopped")
             written = 0
-            val: list[str] = []
-            train = batch
+            # one encode call for both splits, however few documents go to validation
+            body, lengths = encoder.encode(batch)
+            flags = None
             if threshold:
-                flags = [is_val(text, threshold, key) for text in batch]
-                if any(flags):
-                    val = [text for text, v in zip(batch, flags, strict=True) if v]
-                    train = [text for text, v in zip(batch, flags, strict=True) if not v]
-            for split, docs in (("train", train), ("val", val)):
-                if docs:
-                    ids = encoder.encode(docs)
-                    writers[split].write(ids, len(docs))
-                    written += len(ids)
+                flags = np.fromiter((is_val(t, threshold, key) for t in batch), bool, len(batch))
+            for split, (ids, doc_lengths) in split_batch(body, lengths, flags).items():
+                if len(doc_lengths):
+                    stream = with_eods(ids, doc_lengths, eod_id)
+                    writers[split].write(stream, len(doc_lengths))
+                    written += len(stream)
             if kill_at is not None and int(kill_at) == index and written:
                 os.kill(os.getpid(), signal.SIGKILL)  # a half-written shard left behind, as a real kill would
             if progress is not None:

@@ -53,8 +53,8 @@ class TokenizerChoice:
 
 
 class Encoder(Protocol):
-    def encode(self, documents: list[str]) -> np.ndarray:
-        """The documents' ids, each followed by the end-of-document id, as one flat array of the dataset dtype."""
+    def encode(self, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The documents' ids concatenated (the dataset's dtype) and how many each document has."""
 
 
 def load_tokenizer(spec: str, eod_token: str | None = None) -> TokenizerChoice:
@@ -130,36 +130,25 @@ def _configured_eos(path: Path) -> str | None:
     return eos if isinstance(eos, str) else None
 
 
-def with_eods(body: np.ndarray, lengths: np.ndarray, eod_id: int, dtype: np.dtype) -> np.ndarray:
-    """The documents' ids (concatenated in `body`, `lengths` each) with the end-of-document id after each."""
-    ends = np.cumsum(lengths + 1) - 1
-    out = np.empty(len(body) + len(lengths), dtype=dtype)
-    is_body = np.ones(len(out), dtype=bool)
-    is_body[ends] = False
-    out[is_body] = body
-    out[ends] = eod_id
-    return out
-
-
 class BytesEncoder:
-    def __init__(self, eod_id: int, dtype: str) -> None:
-        self.eod_id, self.dtype = eod_id, np.dtype(dtype).newbyteorder("<")
+    def __init__(self, dtype: str) -> None:
+        self.dtype = np.dtype(dtype).newbyteorder("<")
 
-    def encode(self, documents: list[str]) -> np.ndarray:
+    def encode(self, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
         data = [d.encode("utf-8") for d in documents]
         lengths = np.fromiter(map(len, data), np.int64, len(data))
-        return with_eods(np.frombuffer(b"".join(data), dtype=np.uint8), lengths, self.eod_id, self.dtype)
+        return np.frombuffer(b"".join(data), dtype=np.uint8).astype(self.dtype), lengths
 
 
 class HFEncoder:
-    """encode_batch over the whole batch (the tokenizer's Rust threads), then one flat array.
+    """encode_batch over the whole batch (the tokenizer's Rust threads), then one flat array of ids.
 
     A special token's text inside a document ("<|endoftext|>" quoted in a web page) is text, not the end of a
     document: a batch whose ids hold a special token's id (only such text puts one there) is encoded again with
     `encode_special_tokens` on (tokenizers >= 0.19), which encodes that text as the characters it is made of.
     Other batches, nearly all, skip that mode: it costs some 8% more time."""
 
-    def __init__(self, path: str, eod_id: int, dtype: str) -> None:
+    def __init__(self, path: str, dtype: str) -> None:
         from tokenizers import Tokenizer
 
         # encode_batch, not encode_batch_fast: the "fast" one (no offsets) measured 10-20% slower with
@@ -174,14 +163,14 @@ class HFEncoder:
         )
         self.special_ids = np.array(sorted(i for i, t in added.items() if t.special), dtype=np.int64)
         self.can_literal = bool(len(self.special_ids)) and hasattr(self.tokenizer, "encode_special_tokens")
-        self.eod_id, self.dtype = eod_id, np.dtype(dtype).newbyteorder("<")
+        self.dtype = np.dtype(dtype).newbyteorder("<")
 
     def _ids(self, tokenizer: Any, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids = [encoding.ids for encoding in tokenizer.encode_batch(documents, add_special_tokens=False)]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         return np.fromiter(chain.from_iterable(ids), self.dtype, int(lengths.sum())), lengths
 
-    def encode(self, documents: list[str]) -> np.ndarray:
+    def encode(self, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
         body, lengths = self._ids(self.tokenizer, documents)
         if self.can_literal and np.isin(body, self.special_ids).any():
             if self.literal is None:
@@ -190,11 +179,11 @@ class HFEncoder:
                 self.literal = Tokenizer.from_file(self.path)
                 self.literal.encode_special_tokens = True
             body, lengths = self._ids(self.literal, documents)
-        return with_eods(body, lengths, self.eod_id, self.dtype)
+        return body, lengths
 
 
 def encoder_for(choice: TokenizerChoice) -> Encoder:
     if choice.info.name == BYTES and choice.info.path is None:
-        return BytesEncoder(choice.eod_id, choice.dtype)
+        return BytesEncoder(choice.dtype)
     assert choice.info.path is not None
-    return HFEncoder(choice.info.path, choice.eod_id, choice.dtype)
+    return HFEncoder(choice.info.path, choice.dtype)
