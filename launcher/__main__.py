@@ -6,7 +6,8 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from launcher import hydra_errors
 from launcher.dispatch import dispatch
@@ -22,11 +23,16 @@ def _hydra_main(cfg: DictConfig) -> int:
     global _composed
     _composed = True
     hydra_errors.release()
+    # As typed: the overrides' own ${...} stay unresolved here (a bad one is reported below, as the user's).
+    typed = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
     try:
-        with typed_as(HydraConfig.get().overrides.task):
+        with typed_as(typed):  # type: ignore[arg-type]
             code = dispatch(cfg)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    except InterpolationResolutionError as err:
+        print(f"error: {hydra_errors.interpolation(err)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     if code:
         sys.exit(code)

@@ -37,11 +37,32 @@ def our_options(group: str) -> dict[str, Any]:
     return out
 
 
+@functools.cache
+def default_choices() -> dict[str, str]:
+    """The group options conf/config.yaml picks when the command names none."""
+    body = yaml.safe_load((CONF_DIR / "config.yaml").read_text()) or {}
+    out: dict[str, str] = {}
+    for entry in body.get("defaults", []):
+        if isinstance(entry, dict):
+            out.update({str(k): str(v) for k, v in entry.items()})
+    return out
+
+
+def group_choice(group: str) -> str | None:
+    """The option chosen for `group`: as typed (`model=mine`), else our default."""
+    typed = typed_for(group)
+    if typed is not None and override_key(typed) == group and "=" in typed:
+        return typed.split("=", 1)[1]
+    return default_choices().get(group)
+
+
 def _typed_name(group: str, name: str) -> None:
     typed = typed_for(f"{group}.name")
     if typed is None or override_key(typed) != f"{group}.name":
         return
     options = our_options(group)
+    if name == group_choice(group):
+        raise ConfigError(f"{typed} is what {group}={name} sets already: drop {typed}")
     if name in options:
         raise ConfigError(f"{typed} would name the {group} without choosing it: choose the group, {group}={name} "
                           f"(not {group}.name=...)")
@@ -57,6 +78,13 @@ def _typed_name(group: str, name: str) -> None:
 
 
 def _implemented(cfg: DictConfig) -> None:
+    for group in ("model", "data"):
+        section = cfg[group]
+        if section.get("args") and not section.get("_target_"):
+            typed = typed_for(f"{group}.args")
+            drop = f"drop {typed}" if typed else f"remove {group}.args from your {group} YAML"
+            raise ConfigError(f"{group}.args are the arguments of your own {group} (a {group}._target_), and "
+                              f"{group}={section.name} takes none: {drop}, or give {group}._target_=module.Name")
     d = cfg.data
     if not d.get("_target_") and d.name not in DATA_SOURCES:
         raise ConfigError(f"data.name={d.name} is not a data source slurmtrain reads ({', '.join(DATA_SOURCES)}): "

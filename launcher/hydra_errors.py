@@ -59,8 +59,8 @@ def _suggest(key: str) -> str:
         if sub is None:
             return ""
         cls = sub
-    close = key_checks.close_key(leaf, list(key_checks._hints(cls)))
-    return f"did you mean {'.'.join([*parents, close])}? " if close else ""
+    close = key_checks.suggest(key, list(key_checks._hints(cls)))
+    return f"did you mean {close}? " if close else ""
 
 
 _YAML_ERROR = re.compile(r"(?:yaml\.\w+\.)?(?:Scanner|Parser|Composer|Constructor|Reader)Error: ?(.*)")
@@ -92,6 +92,13 @@ def yaml_syntax(text: str) -> str | None:
     return f"{file}, line {line}, column {column}: {what}" + (f" ({later[-1]})" if later else "")
 
 
+def interpolation(err: Exception) -> str:
+    """A `${...}` that does not resolve, with the key that holds it."""
+    key = getattr(err, "full_key", None)
+    where = f"{key}: " if key else ""
+    return f"{where}{str(err).splitlines()[0]}: point the ${{...}} at a key that exists (`python -m launcher --cfg job` lists them)"
+
+
 def one_line(text: str) -> str:
     syntax = yaml_syntax(text)
     if syntax is not None:
@@ -119,6 +126,8 @@ def one_line(text: str) -> str:
     merging = re.match(r"Error merging override (.+)", lines[0])
     if merging and merging.group(1).startswith("~"):
         key = merging.group(1)[1:].split("=", 1)[0]
+        if key.endswith(".name") and key.count(".") == 1:
+            return f"error: {merging.group(1)}: {lines[-1]}: drop it (the name comes from the group option)"
         return f"error: {merging.group(1)}: {lines[-1]}: keys can't be removed; set {key}=VALUE instead"
     if lines[0].startswith("Could not delete"):
         return f"error: {lines[0]}: drop that ~ override"
@@ -136,6 +145,10 @@ def one_line(text: str) -> str:
                 "range(start,stop[,step]) or choice(a,b)")
     if len(lines) > 1 and lines[-1].startswith("See https://hydra.cc"):
         return f"error: {'; '.join(lines[:-1])}: write overrides as key=value ({lines[-1][4:]})"
+    unresolved = re.search(r"Interpolation\w*Error: (.+)", joined)
+    if unresolved:
+        return (f"error: {unresolved.group(1)}: point the ${{...}} at a key that exists (`python -m launcher --cfg "
+                "job` lists them)")
     if any(line.startswith("Traceback (most recent call last)") for line in lines):
         return f"error: {_last_exception(lines)}: check the files that --config-dir and the overrides name"
     return "error: " + "; ".join(lines)

@@ -64,7 +64,13 @@ def _missing(node: DictConfig, cls: type, prefix: str) -> None:
         name = f"{prefix}{f.name}"
         optional = type(None) in typing.get_args(hints[f.name])
         if f.name not in present and not optional:
-            fix = f"choose one with {name}=NAME" if _section_type(hints[f.name]) else f"set {name}=VALUE"
+            if typed_for(name) is None and f.name == "name" and prefix:
+                section = prefix.rstrip(".")
+                raise ConfigError(f"{name} is missing: add `name: NAME` (the option's file name) to the {section} "
+                                  f"YAML file of your {section}= option")
+            fix = (f"choose one with {name}=NAME" if _section_type(hints[f.name]) else
+                   f"drop ~{name} (the name comes from the group option)" if f.name == "name" else
+                   f"set {name}=VALUE")
             raise ConfigError(f"{name} is required and was removed (~{name}): {fix}")
         if f.name in present and OmegaConf.is_missing(node, f.name):
             raise ConfigError(f"{name} has no value: set {name}=VALUE")
@@ -88,6 +94,55 @@ def close_key(typed: str, keys: list[str]) -> str | None:
     return None
 
 
+# Names other tools give our keys (Hugging Face, nanoGPT, Megatron, torchrun): close in meaning, not spelling.
+SYNONYMS = {
+    "learning_rate": "optim.lr", "lr": "optim.lr", "wd": "optim.weight_decay", "weight_decay": "optim.weight_decay",
+    "max_grad_norm": "optim.grad_clip", "grad_clip": "optim.grad_clip", "clip_grad": "optim.grad_clip",
+    "gradient_clipping": "optim.grad_clip", "warmup": "optim.warmup_steps", "warmup_iters": "optim.warmup_steps",
+    "lr_schedule": "optim.schedule", "scheduler": "optim.schedule", "lr_scheduler": "optim.schedule",
+    "gradient_accumulation_steps": "trainer.grad_accum_steps", "grad_accum": "trainer.grad_accum_steps",
+    "batch_size": "trainer.micro_batch_size", "per_device_train_batch_size": "trainer.micro_batch_size",
+    "max_iters": "trainer.max_steps", "num_steps": "trainer.max_steps", "train_steps": "trainer.max_steps",
+    "steps": "trainer.max_steps", "log_interval": "trainer.log_every", "logging_steps": "trainer.log_every",
+    "save_every": "trainer.ckpt_every", "save_steps": "trainer.ckpt_every", "checkpoint_every": "trainer.ckpt_every",
+    "eval_every": "eval.every", "eval_interval": "eval.every", "val_every": "eval.every", "eval_steps": "eval.every",
+    "eval_iters": "eval.batches", "hidden_size": "model.d_model", "n_embd": "model.d_model",
+    "num_layers": "model.n_layers", "n_layer": "model.n_layers", "num_hidden_layers": "model.n_layers",
+    "num_heads": "model.n_heads", "n_head": "model.n_heads", "num_attention_heads": "model.n_heads",
+    "block_size": "model.max_seq_len", "context_length": "model.max_seq_len", "seq_len": "data.seq_len",
+    "max_position_embeddings": "model.max_seq_len", "gpus": "local.nproc", "num_gpus": "local.nproc",
+    "nproc_per_node": "local.nproc", "output_dir": "run.root", "out_dir": "run.root", "dir": "run.root",
+}
+
+
+def _leaves(cls: type, prefix: str = "") -> dict[str, str]:
+    """Every declared key: its lower-cased leaf name -> the full key (the first where a leaf repeats)."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        sub = _section_type(_hints(cls)[f.name])
+        if sub is not None:
+            out = {**_leaves(sub, f"{prefix}{f.name}."), **out}
+        else:
+            out.setdefault(f.name.lower(), f"{prefix}{f.name}")
+    return out
+
+
+def suggest(name: str, keys: list[str]) -> str | None:
+    """What an undeclared key `name` (section.leaf) most likely means: a key of its section close in spelling
+    (case aside), the same key in another section (trainer.lr -> optim.lr), or a name other tools use for one of
+    ours (learning_rate -> optim.lr)."""
+    prefix, _, leaf = name.rpartition(".")
+    prefix = f"{prefix}." if prefix else ""
+    same_case = {k.lower(): k for k in keys}
+    if leaf.lower() in same_case:
+        return f"{prefix}{same_case[leaf.lower()]}"
+    close = close_key(leaf, keys)
+    if close:
+        return f"{prefix}{close}"
+    meant = SYNONYMS.get(leaf.lower()) or _leaves(schema.Config).get(leaf.lower())
+    return meant if meant and meant != name else None
+
+
 def unknown_key_error(name: str, close: str | None) -> ConfigError:
     """`name` is not declared: quote the override as typed (or say it came from a YAML file)."""
     typed = typed_for(name)
@@ -104,8 +159,7 @@ def _unknown(node: DictConfig, cls: type, prefix: str) -> None:
     for key in map(str, node.keys()):
         name = f"{prefix}{key}"
         if key not in hints:
-            close = close_key(key, list(hints))
-            raise unknown_key_error(name, f"{prefix}{close}" if close else None)
+            raise unknown_key_error(name, suggest(name, list(hints)))
         sub = _section_type(hints[key])
         value = node._get_node(key)  # type: ignore[union-attr]
         if sub is not None and isinstance(value, DictConfig) and not value._is_none():
@@ -170,7 +224,8 @@ def check_choices(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             shown = [str(a) for a in allowed if a is not None]
-            raise ConfigError(f"{key}={value} is not one of {', '.join(shown)}: set {key}={shown[0]}")
+            meant = difflib.get_close_matches(str(value), shown, n=1) or shown
+            raise ConfigError(f"{key}={value} is not one of {', '.join(shown)}: set {key}={meant[0]}")
     if cfg.get("cluster") is not None and cfg.cluster.backend not in ("nccl", "gloo"):
         raise ConfigError(f"cluster.backend={cfg.cluster.backend} is not one of nccl, gloo: set cluster.backend=nccl "
                           "(GPUs) or gloo (CPUs)")

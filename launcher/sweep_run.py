@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from launcher import resume_checks, rundir, slurm
 from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
@@ -119,6 +119,10 @@ def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], sw
             raise ConfigError(plan.refusal)
     except ConfigError as err:
         raise ConfigError(f"sweep point {index} ({label}): {err}") from None
+    except InterpolationResolutionError as err:
+        from launcher.hydra_errors import interpolation
+
+        raise ConfigError(f"sweep point {index} ({label}): {interpolation(err)}") from None
     point.run_dir = str(plan.run_dir)
     return PointRun(point, cfg, plan, label)
 

@@ -142,8 +142,19 @@ CASES = [
     Case("data-name", ("data.name=foo",), "data.name=foo is not a data source slurmtrain reads (synthetic, tokens)"),
     Case("data-name-option", ("data.name=tokens",), "choose the group, data=tokens (not data.name=...)"),
     Case("strategy-name", ("strategy.name=fsdp",), "choose the group, strategy=fsdp (not strategy.name=...)"),
-    Case("new-key-unrelated", ("+trainer.eval_every=10",), "trainer.eval_every is not a slurmtrain key: drop "
-                                                           "+trainer.eval_every=10", absent="log_every"),
+    Case("new-key-unrelated", ("+trainer.eval_every=10",), "trainer.eval_every is not a slurmtrain key: did you "
+                                                           "mean eval.every? drop +trainer.eval_every=10",
+         absent="log_every"),
+    Case("key-other-section", ("trainer.lr=0.1",), "trainer.lr is not a slurmtrain key: did you mean optim.lr?"),
+    Case("key-other-tool", ("optim.learning_rate=0.1",), "optim.learning_rate is not a slurmtrain key: did you mean "
+                                                         "optim.lr?"),
+    Case("choice-close", ("logger.mode=onlin",), "is not one of offline, online, disabled: set logger.mode=online"),
+    Case("args-without-target", ("+model.args.x=1",), "model=tiny takes none: drop +model.args.x=1"),
+    Case("name-as-chosen", ("model=gpt2_124m", "model.name=gpt2_124m"), "is what model=gpt2_124m sets already: drop "
+                                                                        "model.name=gpt2_124m"),
+    Case("interpolation", ("optim.lr=${optim.nope}",), "optim.lr: Interpolation key 'optim.nope' not found: point "
+                                                        "the ${...} at a key that exists"),
+    Case("run-config-dir", ("run.name=confdir",), "config.yaml is not a file: move it away"),
     Case("new-section", ("+eval.every=10",), "eval.every is not a slurmtrain key: drop +eval.every=10",
          absent="+eval="),
     Case("key-unrelated", ("trainer.save_every=10",), "trainer.save_every is not a slurmtrain key: check the",
@@ -258,6 +269,7 @@ def _make_files(project: Path) -> None:
     (project / "runs" / "keep.txt").write_text("a user's file\n")
     _fake_run(project / "runs" / "done", _saved_config(), 200)
     _fake_run(project / "runs" / "damaged", "model:\n  name: [tiny\n", 5)
+    (project / "runs" / "confdir" / "config.yaml").mkdir(parents=True)
     (project / "conf" / "model" / "broken.yaml").write_text("name: broken\n_target_: model.ConvLM\nargs: {dim: [64}\n")
     write_prepared(project / "prepared_big", [list(range(300))], vocab=300, tokenizer="big")
     write_prepared(project / "prepared_bytes", [list(range(257))])

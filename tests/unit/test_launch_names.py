@@ -115,3 +115,21 @@ def test_overwrite_starts_the_run_over_with_no_old_ends_or_attempts(tmp_path: Pa
     (tmp_path / "logs").mkdir()
     clear_for_overwrite(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+
+
+def test_the_micro_batch_may_change_on_resume_when_the_global_batch_does_not(tmp_path: Path) -> None:
+    """The samples of a step stay the same: a resume on 2 ranks of a 1-rank run with global batch 8 needs micro 4."""
+    _saved_run(tmp_path / "r", ["trainer.global_batch_size=8"], 10)
+    cfg, _ = compose_and_plan([f"run.root={tmp_path}", "run.name=r", "trainer.global_batch_size=8",
+                               "trainer.micro_batch_size=4", "local.nproc=2"])
+    check_run_dir(cfg, tmp_path / "r", 2)
+    cfg, _ = compose_and_plan([f"run.root={tmp_path}", "run.name=r", "local.nproc=2"])
+    with pytest.raises(ConfigError, match=r"trainer.global_batch_size: 8 -> 16.*micro_batch_size may change"):
+        check_run_dir(cfg, tmp_path / "r", 2)
+
+
+def test_a_changed_key_at_its_default_shows_the_saved_value(tmp_path: Path) -> None:
+    _saved_run(tmp_path / "r", [], 10)
+    old = OmegaConf.load(tmp_path / "r" / "config.yaml")
+    new, _ = compose_and_plan([f"run.root={tmp_path}", "run.name=r", "optim.schedule=constant"])
+    assert ("optim.schedule", "cosine", "constant") in changed_settings(old, new)  # type: ignore[arg-type]
