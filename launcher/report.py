@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.metrics_file import number_text, read_metrics
 from launcher.overrides import override_key
-from launcher.status import RunRef, Target, find_runs, read_config
+from launcher.status import DAMAGED, RunRef, Target, find_runs, load_config, read_config
 from launcher.sweepdir import Point, Sweep, is_sweep_dir
 
 if TYPE_CHECKING:
@@ -223,10 +223,17 @@ def plot_file_name(key: str) -> str:
     return "final_loss_vs_" + re.sub(r"[^A-Za-z0-9._-]", "_", key) + ".png"
 
 
+def damaged_runs(target: Target) -> list[tuple[RunRef, str]]:
+    """The runs whose config.yaml is damaged, each with its way out (launcher.status's words)."""
+    return [(run, damage) for run in target.runs if (damage := load_config(run.run_dir)[1]) is not None]
+
+
 def load(path: Path) -> tuple[Target, str]:
     """The runs to plot and the plot title; ConfigError when DIR is not a run, a sweep or a run root, or has no
-    metrics."""
+    metrics. A run below DIR whose config.yaml is damaged is still drawn from its metrics, labelled so."""
     target = find_runs(path)
+    for run, _ in damaged_runs(target):
+        run.name = f"{run.name} ({DAMAGED})"
     if not metric_series(target.runs, "loss"):
         raise ConfigError(f"{path} has no metrics yet (no metrics.jsonl with a logged step): wait for the first "
                           "logged step (trainer.log_every) and run the report again")
@@ -257,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loaded = [(path, *load(path)) for path in args.dirs]  # every DIR checked before anything is written
         for path, target, title in loaded:
+            for _, damage in damaged_runs(target):
+                print(f"warning: {damage}", file=sys.stderr)
             for written in write_report(path, target, title):
                 print(written)
     except (ConfigError, OSError) as err:

@@ -35,13 +35,21 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def changed_settings(old: DictConfig, new: DictConfig) -> list[tuple[str, Any, Any]]:
-    """(key, saved value, new value) for every training setting that differs; a key one side lacks is None."""
+    """(key, saved value, new value) for every training setting that differs, each value as its config holds it
+    (a key at its default is left out of the settings, not of what is shown). The micro batch may change when the
+    global batch does not: the samples of a step stay the same, only the accumulation is re-derived (a resume on
+    another world size may need it)."""
     a, b = _flat(training_settings(old)), _flat(training_settings(new))
-    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    shown_a = _flat(OmegaConf.to_container(old, resolve=True))
+    shown_b = _flat(OmegaConf.to_container(new, resolve=True))
+    keys = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    if "trainer.global_batch_size" not in keys:
+        keys = [k for k in keys if k != "trainer.micro_batch_size"]
+    return [(k, shown_a.get(k, a.get(k)), shown_b.get(k, b.get(k))) for k in keys]
 
 
-def _load_saved(path: Path, run_dir: Path) -> DictConfig:
-    """The saved config.yaml, or one line saying it is damaged and how to restore it."""
+def parse_saved_config(path: Path) -> DictConfig | str:
+    """The saved config.yaml, or why the launcher can't resume from it (one short reason: damaged)."""
     try:
         old = OmegaConf.load(path)
         if not isinstance(old, DictConfig):
@@ -55,12 +63,26 @@ def _load_saved(path: Path, run_dir: Path) -> DictConfig:
         text = str(err).strip()
         syntax = yaml_syntax(f"yaml.parser.ParserError: {text}") if isinstance(err, yaml.YAMLError) else None
         reason = syntax.replace(f"{path}, ", "") if syntax else text.splitlines()[0] if text else type(err).__name__
+        return reason[:160]
+
+
+def damaged_config(path: Path, run_dir: Path, reason: str) -> str:
+    """`PATH is damaged (why): the way out`: restore it from the newest complete checkpoint's copy (the exact cp
+    command), or, with no copy, delete it. The launcher, launcher.status and launcher.report all say it so."""
     copies = [c for c in layout.list_checkpoints(run_dir) if c.complete and (c.path / "config.yaml").is_file()]
     if copies:
         fix = f"restore it from the newest checkpoint's copy (cp {copies[-1].path / 'config.yaml'} {path})"
     else:
         fix = "delete it (no checkpoint of this run holds a copy: the run starts over)"
-    raise ConfigError(f"{path} is damaged ({reason[:160]}): {fix}, or pick another run.name") from None
+    return f"{path} is damaged ({reason}): {fix}"
+
+
+def _load_saved(path: Path, run_dir: Path) -> DictConfig:
+    """The saved config.yaml, or one line saying it is damaged and how to restore it."""
+    saved = parse_saved_config(path)
+    if isinstance(saved, str):
+        raise ConfigError(f"{damaged_config(path, run_dir, saved)}, or pick another run.name")
+    return saved
 
 
 def _show(value: Any) -> str:
@@ -75,7 +97,7 @@ def _differs(run_dir: Path, changes: list[tuple[str, Any, Any]]) -> ConfigError:
     if "trainer.global_batch_size" in keys:
         old = next(a for k, a, _ in changes if k == "trainer.global_batch_size")
         hints.append(f"to resume on another world size keep trainer.global_batch_size={old} (the accumulation is "
-                     "re-derived)")
+                     "re-derived; trainer.micro_batch_size may change so that it divides it)")
     hints.append("to resume it go back to the saved values (trainer.max_steps, trainer.log_every, "
                  "trainer.ckpt_every, the layout and the cluster may change on resume)")
     if any(_data_choice(k) for k in keys):
@@ -103,6 +125,9 @@ def check_data_unchanged(cfg: DictConfig, run_dir: Path) -> None:
 
 def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
     existing = run_dir / "config.yaml"
+    if existing.exists() and not existing.is_file():
+        raise ConfigError(f"{existing} is not a file: move it away (the run's config is written there), or pick "
+                          "another run.name")
     if not existing.is_file() or cfg.run.overwrite:
         check_data_unchanged(cfg, run_dir)
         return

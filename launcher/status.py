@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher import accounting, events, metrics_file
+from launcher import accounting, events, metrics_file, resume_checks
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.metrics_file import read_metrics
 from launcher.sweepdir import Sweep, is_sweep_dir, load_sweep
@@ -62,19 +62,31 @@ class Row:
     goodput: float | None = None
     # The step since which every logged loss has been nan or inf (None while the last loss is finite).
     loss_nonfinite_since: int | None = None
+    # RUN_DIR/config.yaml can't be read (state "damaged config"): why, and the way out (resume_checks.damaged_config).
+    config_damage: str | None = None
 
 
 # ---- reading run directories (report.py reads through these too) ----
 
-def read_config(run_dir: Path) -> dict[str, Any]:
+DAMAGED = "damaged config"
+
+
+def load_config(run_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """The run's config.yaml, and None; or {} and what is wrong with it when the launcher could not resume from it
+    (`PATH is damaged (why): restore it ... (cp ...)`). No file at all is {} and None: a sweep point not started."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        return {}  # a sweep point whose job has not started yet
-    try:
-        data = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception as err:  # omegaconf/yaml raise many types; one line for the user
-        raise ConfigError(f"cannot read {path}: {' '.join(str(err).split())}; fix or remove that file") from err
-    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
+        return {}, None
+    saved = resume_checks.parse_saved_config(path)
+    if isinstance(saved, str):
+        return {}, resume_checks.damaged_config(path, Path(run_dir), saved)
+    data = OmegaConf.to_container(saved)
+    return ({str(k): v for k, v in data.items()} if isinstance(data, dict) else {}), None
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run's config.yaml; {} when there is none yet or it is damaged (load_config says how)."""
+    return load_config(run_dir)[0]
 
 
 def read_jobs(run_dir: Path) -> list[str]:
@@ -128,6 +140,9 @@ def find_runs(path: Path) -> Target:
         sweep = _load_sweep(path)
         return Target(sweep_runs(path, sweep), sweep)
     if (path / "config.yaml").is_file():
+        damage = load_config(path)[1]
+        if damage is not None:  # one run asked for: nothing else to show
+            raise ConfigError(damage)
         return Target([single_run(path)])
     # A run root: the sweeps under it are not rows, but they know the array task ids of their points.
     sweep_jobs: dict[Path, list[str]] = {}
@@ -165,7 +180,7 @@ def _number(value: Any) -> float | None:
 
 
 def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> Row:
-    config = read_config(run.run_dir)
+    config, damage = load_config(run.run_dir)
     max_steps = (config.get("trainer") or {}).get("max_steps")
     cluster = config.get("cluster") or {}
     metrics = read_metrics(run.run_dir)
@@ -182,10 +197,12 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
     row.loss_nonfinite_since = diverged["step"] if diverged else None
     attempt_ends = events.read_events(run.run_dir)
     row.events, row.goodput = events.counts(attempt_ends), events.goodput(attempt_ends, metrics)
+    row.config_damage = damage
     if not run.jobs:
-        row.state = local_state(latest, max_steps, bool(metrics))
+        row.state = DAMAGED if damage else local_state(latest, max_steps, bool(metrics))
         return row
-    row.state = slurm_state(run.jobs[-1], None if sacct is None else sacct.get(run.jobs[-1], []))
+    queued = slurm_state(run.jobs[-1], None if sacct is None else sacct.get(run.jobs[-1], []))
+    row.state = DAMAGED if damage else queued
     tries = None if sacct is None else [a for job in run.jobs for a in sacct.get(job, [])]
     gpus_per_node = cluster.get("gpus_per_node")
     uses_gpus = bool(gpus_per_node) if cluster else any(a.gpus for a in tries or [])
@@ -235,6 +252,8 @@ def state_cell(row: Row) -> Any:
     """The state, and in red since when the loss has been nan or inf: a diverged run must not look healthy."""
     from rich.text import Text
 
+    if row.config_damage is not None:
+        return Text(row.state, style="red")
     if row.loss_nonfinite_since is None or row.loss is None:
         return row.state
     return Text(f"{row.state}, loss {_fmt(row.loss, '.4f')} since step {row.loss_nonfinite_since}", style="red")
@@ -274,9 +293,14 @@ def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
 
 
 def snapshot(path: Path, target: Target, clock: bool = False) -> Any:
+    """The table, then one line per damaged run's config.yaml with its way out (too long for a cell)."""
+    from rich.console import Group
+    from rich.text import Text
+
     rows = collect(target)
     title = f"{path.resolve()}  {time.strftime('%X')}" if clock else str(path.resolve())
-    return table(rows, total(rows) if target.sweep is not None else None, title)
+    notes = [Text(f"{row.name}: {row.config_damage}", style="red") for row in rows if row.config_damage]
+    return Group(table(rows, total(rows) if target.sweep is not None else None, title), *notes)
 
 
 def console() -> Any:

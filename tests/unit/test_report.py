@@ -12,7 +12,7 @@ import pytest
 
 from launcher import metrics_file, report
 from launcher.sweepdir import Point, Sweep, save_sweep
-from tests.unit.test_status import write_run
+from tests.unit.test_status import DAMAGE, damage_run, write_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -239,3 +239,24 @@ def test_bad_input_is_one_line_and_exit_2(root: Path, case: str, capsys: pytest.
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert not (root / "done" / "loss.png").exists()  # every DIR is checked before anything is written
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_run_root_with_a_damaged_run_still_plots_every_run(root: Path, capsys: pytest.CaptureFixture[str],
+                                                             damage: str) -> None:
+    """One broken config.yaml does not hide the other runs: its run is drawn from its metrics, labelled, and a
+    warning gives the launcher's way out; a damaged run asked for directly is refused the same way."""
+    write_run(root / "good", name="good", max_steps=20, losses=[3.0, 2.5])
+    damage_run(root / "d_noise", DAMAGE[damage])
+    assert report.main([str(root)]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines() == [str(root / "loss.png"), str(root / "tokens_per_s.png")]
+    restore = f"(cp {root / 'd_noise/checkpoints/step_20/config.yaml'} {root / 'd_noise/config.yaml'})"
+    [warning] = out.err.splitlines()
+    assert warning.startswith(f"warning: {root / 'd_noise/config.yaml'} is damaged (") and warning.endswith(restore)
+    target, title = report.load(root)
+    loss_ax = report.training_figure(target.runs, title).axes[0]
+    assert [line.get_label() for line in loss_ax.get_lines()] == ["d_noise (damaged config)", "good"]
+    assert report.main([str(root / "d_noise")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and restore in err

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from launcher import accounting, metrics_file, status
+from launcher.resume_checks import REQUIRED
 from launcher.sweepdir import Point, Sweep, save_sweep
 from tests.conftest import ROOT
 
@@ -93,7 +94,9 @@ def write_run(run_dir: Path, *, name: str, max_steps: int, cluster: dict[str, An
     """A run directory as the training side leaves it; returns the metrics rows written (the learning rate falls
     linearly from `lr` to lr / 10, the gradient norm from 1)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = {"run": {"name": name}, "trainer": {"max_steps": max_steps}, "cluster": cluster}
+    # Every section a saved config has (resume_checks.REQUIRED): without one, the config is damaged.
+    config = {**{section: {} for section in REQUIRED}, "run": {"name": name}, "trainer": {"max_steps": max_steps},
+              "cluster": cluster}
     (run_dir / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
     n = len(losses or [])
     rows = [{"step": 10 * (i + 1), "loss": loss, "lr": lr * (1 - 0.9 * i / max(n - 1, 1)), "grad_norm": 1.0 / (i + 1),
@@ -338,3 +341,54 @@ def test_bad_directory_is_one_line_and_exit_2(run_root: Path) -> None:
     assert len(errors) == 1 and errors[0].startswith("error: ") and "run.root" in errors[0]
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "launcher.accounting" in imported and "torch" not in imported and "matplotlib" not in imported
+
+
+# ---- a damaged config.yaml: shown with the launcher's way out, never hiding the other runs ----
+
+DAMAGE = {"not yaml": "model: [unclosed\n  trainer: {", "empty": "", "cut short": "run:\n  name: x\n"}
+
+
+def damage_run(run_dir: Path, text: str, copy: bool = True) -> None:
+    """A run that trained to step 20 (a complete checkpoint holding the config's copy) whose config.yaml then broke."""
+    write_run(run_dir, name=run_dir.name, max_steps=40, losses=[3.0, 2.0], checkpoints={20: True})
+    if copy:
+        (run_dir / "checkpoints" / "step_20" / "config.yaml").write_text((run_dir / "config.yaml").read_text())
+    (run_dir / "config.yaml").write_text(text)
+    (run_dir / "events.jsonl").write_text('{"kind": "finished", "step": 20}\n' * 2)
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_run_in_a_run_root_is_shown_with_its_restore_command(run_root: Path, slurm: FakeSlurm,
+                                                                      capsys: pytest.CaptureFixture[str],
+                                                                      damage: str) -> None:
+    write_run(run_root / "good", name="good", max_steps=20, losses=[3.0, 2.0], checkpoints={20: True})
+    damage_run(run_root / "d_noise", DAMAGE[damage])
+    damage_run(run_root / "d_bare", DAMAGE[damage], copy=False)
+    restore = (f"restore it from the newest checkpoint's copy (cp {run_root / 'd_noise/checkpoints/step_20/config.yaml'}"
+               f" {run_root / 'd_noise/config.yaml'})")
+    by_name = {r["name"]: r for r in run_json(capsys, str(run_root))["rows"]}
+    assert {n: r["state"] for n, r in by_name.items()} == {"good": "finished", "d_noise": "damaged config",
+                                                           "d_bare": "damaged config"}
+    assert by_name["good"]["config_damage"] is None and by_name["good"]["step"] == 20
+    assert by_name["d_noise"]["config_damage"].startswith(f"{run_root / 'd_noise/config.yaml'} is damaged (")
+    assert by_name["d_noise"]["config_damage"].endswith(restore)
+    assert by_name["d_bare"]["config_damage"].endswith("delete it (no checkpoint of this run holds a copy: the run "
+                                                       "starts over)")
+    text = render(run_root)
+    assert "damaged config" in text and "good" in text and restore in " ".join(text.split())
+    assert status.main([str(run_root)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_run_given_directly_is_one_line_with_its_restore_command(run_root: Path, slurm: FakeSlurm,
+                                                                           capsys: pytest.CaptureFixture[str],
+                                                                           damage: str) -> None:
+    """An empty config.yaml is no `stopped` run of `20/?` steps: the same refusal the launcher gives on resume."""
+    run = run_root / "d_noise"
+    damage_run(run, DAMAGE[damage])
+    for argv in ([str(run)], [str(run), "--json"]):
+        assert status.main(argv) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith(f"error: {run / 'config.yaml'} is damaged")
+        assert f"(cp {run / 'checkpoints/step_20/config.yaml'} {run / 'config.yaml'})" in out.err
