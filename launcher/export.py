@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -39,7 +42,51 @@ def output_path(run_dir: Path, step: int, fmt: str, out: str | None) -> Path:
         f"step_{step}.safetensors" if fmt == "safetensors" else f"hf_step_{step}")
     if path.exists():
         raise ConfigError(f"{path} exists: pass --out NEW_PATH, or remove it first (nothing is overwritten)")
+    check_writable(path.resolve())
     return path.resolve()
+
+
+WRITABLE_FIX = "pass --out PATH in a directory you can write (with room for the weights)"
+
+
+def check_writable(path: Path) -> None:
+    """Refuse a path that can't be written before the checkpoint is read: its nearest existing parent must be a
+    directory this user can create entries in (probed with a temporary directory, removed at once)."""
+    base = path.parent
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise ConfigError(f"cannot write {path} ({base} is not a directory): {WRITABLE_FIX}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".export-check-", dir=base))
+    except OSError as err:
+        raise ConfigError(f"cannot write {path} ({err.strerror} in {base}): {WRITABLE_FIX}") from None
+
+
+def _is_write_error(err: Exception) -> bool:
+    # safetensors reports I/O failures as its own SafetensorError ("I/O error: ..."); Hugging Face as OSError.
+    return isinstance(err, OSError) or (type(err).__name__ == "SafetensorError" and "I/O error" in str(err))
+
+
+def write_or_clean_up(path: Path, write: Callable[[], None]) -> None:
+    """Run `write`; if writing fails (disk full, a directory turned read-only), remove everything it created under
+    the nearest existing parent of `path` (temporary files included) and refuse in one line."""
+    top = path
+    while not top.parent.exists():
+        top = top.parent
+    before = set(top.parent.iterdir())
+    try:
+        write()
+    except Exception as err:
+        if not _is_write_error(err):
+            raise
+        for entry in set(top.parent.iterdir()) - before:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
+        reason = " ".join(str(err).split())[:200]
+        raise ConfigError(f"cannot write {path} ({reason}): {WRITABLE_FIX}") from None
 
 
 def check_format(cfg: DictConfig, fmt: str) -> None:
@@ -59,10 +106,10 @@ def export(run_dir: Path, step: int | None, fmt: str, out: str | None) -> Path:
     tied = tied_weights(cfg) if fmt == "safetensors" else []  # save_pretrained finds them itself
     state = consolidate.load_model_state(checkpoint.path)
     if fmt == "safetensors":
-        consolidate.save_safetensors(state, path, {"step": str(checkpoint.step), "model": str(cfg.model.name)},
-                                     tied)
+        metadata = {"step": str(checkpoint.step), "model": str(cfg.model.name)}
+        write_or_clean_up(path, lambda: consolidate.save_safetensors(state, path, metadata, tied))
     else:
-        consolidate.save_hf(state, cfg.model.config_path, path)
+        write_or_clean_up(path, lambda: consolidate.save_hf(state, cfg.model.config_path, path))
     follow_umask(path)
     return path
 

@@ -200,3 +200,16 @@ def test_a_model_that_cannot_be_built_on_meta_is_exported_with_every_name_and_a_
     assert out.stderr.startswith("warning: building the model on the meta device failed (JSONDecodeError")
     weights = load_file(out.stdout.strip().splitlines()[-1])
     assert sorted(weights) == sorted(reference(trained, "ours")["state"])
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "hf"])
+def test_an_out_path_that_cannot_be_written_is_one_line_and_leaves_nothing(trained: Path, fmt: str) -> None:
+    """A real checkpoint to a path no one can write: the refusal comes before the weights are read, not as a
+    traceback from the writer."""
+    before = sorted((trained / "hf").rglob("*"))
+    target = f"/proc/x.{fmt}"
+    out = export(str(trained / "hf"), "--format", fmt, "--out", target)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-3000:]
+    assert out.stderr.startswith(f"error: cannot write {target} (") and "--out PATH in a directory you can write" in (
+        out.stderr)
+    assert sorted((trained / "hf").rglob("*")) == before and not Path(target).exists()
