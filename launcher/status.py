@@ -1,7 +1,7 @@
 """`python -m launcher.status [DIR] [--json] [--watch [SECONDS]]`: one row per run of a run, sweep or run root.
 
 DIR is a run directory (config.yaml), a sweep directory (sweep.json) or a directory holding run directories
-(run.root, e.g. outputs/). Queue and accounting facts come from `launcher.accounting`; everything else is read
+(run.root, e.g. outputs/); or a prepared dataset directory (launcher.prepare.status: one row, complete or not). Queue and accounting facts come from `launcher.accounting`; everything else is read
 from the run directories, so a local run shows its progress too.
 """
 
@@ -153,7 +153,8 @@ def find_runs(path: Path) -> Target:
     children = sorted(c for c in path.iterdir() if (c / "config.yaml").is_file())
     if not children:
         raise ConfigError(f"{path} is not a run directory (no config.yaml), a sweep directory (no sweep.json) or a "
-                          "directory of runs: pass one of those, e.g. your run.root (outputs/)")
+                          "directory of runs (or a prepared dataset: no manifest.json or .parts/plan.json): pass one of "
+                          "those, e.g. your run.root (outputs/)")
     return Target([single_run(c, sweep_jobs.get(c.resolve())) for c in children])
 
 
@@ -311,21 +312,44 @@ def console() -> Any:
 
 
 def watch(path: Path, target: Target, every_s: float) -> int:
+    return _watch(lambda first: snapshot(path, target if first else find_runs(path), clock=True), every_s)
+
+
+def _watch(render: Any, every_s: float) -> int:
+    """Show render(True), then render(False) every `every_s` seconds until Ctrl-C."""
     from rich.live import Live
 
     try:
-        with Live(snapshot(path, target, clock=True), console=console(), auto_refresh=False) as live:
+        with Live(render(True), console=console(), auto_refresh=False) as live:
             while True:
                 time.sleep(every_s)
-                live.update(snapshot(path, find_runs(path), clock=True), refresh=True)
+                live.update(render(False), refresh=True)
     except KeyboardInterrupt:
         return 0
+
+
+def preparation(path: Path, as_json: bool, every_s: float | None) -> int:
+    """A prepared dataset directory: its one row (launcher.prepare.status)."""
+    from launcher.prepare import status as prep
+
+    def render(clock: bool) -> Any:
+        title = f"{path.resolve()}  {time.strftime('%X')}" if clock else str(path.resolve())
+        return prep.table(prep.preparation_row(path), title)
+
+    if every_s is not None:
+        return _watch(lambda _first: render(True), every_s)
+    if as_json:
+        print(metrics_file.dumps({"rows": [asdict(prep.preparation_row(path))]}, indent=2))
+        return 0
+    console().print(render(False))
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
     parser.add_argument("dir", nargs="?", default=".", type=Path,
-                        help="a run directory, a sweep directory or a run.root (default: .)")
+                        help="a run directory, a sweep directory, a run.root or a prepared dataset directory "
+                        "(default: .)")
     parser.add_argument("--json", action="store_true", help='print {"rows": [...], "total": {...}}')
     parser.add_argument("--watch", nargs="?", const=WATCH_DEFAULT_S, type=float, metavar="SECONDS",
                         help=f"refresh every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C")
@@ -339,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--json and --watch do not combine: drop one (loop `--json` yourself to poll)")
         if args.watch is not None and not args.watch > 0:
             raise ConfigError(f"--watch {args.watch:g}: give a positive number of seconds")
+        if args.dir.is_dir() and not (args.dir / "config.yaml").is_file():
+            from launcher.prepare.status import is_preparation
+
+            if is_preparation(args.dir):
+                return preparation(args.dir, args.json, args.watch)
         target = find_runs(args.dir)
         if args.watch is not None:
             return watch(args.dir, target, args.watch)

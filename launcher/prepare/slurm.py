@@ -158,6 +158,7 @@ def _queue(plan: Plan, cluster: Any, pending: list[int]) -> str:
         f"submitted the preparation of {plan.out}: array {array_id} ({len(groups)} task{'s' if len(groups) > 1 else ''}, at most {at_once} "
         f"at once, {cluster.cpus_per_task} CPU{'s' if cluster.cpus_per_task > 1 else ''} each) and finalize job {final.job_id} after it\n"
         f"  follow:  squeue -j {array_id},{final.job_id}; logs in {shlex.quote(str(folder))}\n"
+        f"  status:  python -m launcher.status {shlex.quote(str(plan.out))}\n"
         f"  done:    when {shlex.quote(str(Path(plan.out) / MANIFEST))} exists; after a failed task, run the same "
         f"command again: only the missing tasks are submitted\n"
         f"  cancel:  scancel {array_id} {final.job_id}"

@@ -3,7 +3,9 @@ cluster, its output byte-identical to the local preparation's (issue 20, accepta
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,13 @@ def _prepare_on_slurm(*args: object) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _status(out: Path) -> dict:
+    shown = subprocess.run([sys.executable, "-m", "launcher.status", str(out), "--json"], capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)["rows"][0]
+
+
 def test_prepare_as_one_array_is_byte_identical_to_the_local_preparation(tmp_path: Path, bpe: Path) -> None:
     _build_corpus(tmp_path / "corpus")
     args = (tmp_path / "corpus", "--tokenizer", bpe, "--val-fraction", 0.3, "--task-mb", 0.0001)
@@ -38,7 +47,13 @@ def test_prepare_as_one_array_is_byte_identical_to_the_local_preparation(tmp_pat
     assert match, submitted.stdout
     array_id, tasks, final_id = match.group(1), int(match.group(2)), match.group(3)
     assert tasks > 3  # a task per group of about --task-mb of input files
+    assert f"python -m launcher.status {shlex.quote(str(out))}" in submitted.stdout
+    row = _status(out)  # queued or already done: the newest submission's jobs, the tasks counted
+    assert row["job"] == f"{array_id},{final_id}" and row["tasks_total"] == tasks
+    assert row["state"] in ("preparing", "complete"), row
     assert wait_terminal(final_id, timeout=300) == "COMPLETED", (out / ".parts/slurm").iterdir()
+    row = _status(out)
+    assert (row["state"], row["tasks_complete"]) == ("complete", tasks), row
     assert [sacct_state(f"{array_id}_{i}") for i in range(tasks)] == ["COMPLETED"] * tasks
 
     assert prepare(*args, "--out", tmp_path / "here")[0] == 0
