@@ -116,6 +116,10 @@ def one_line(text: str) -> str:
         key = unknown.group(1)
         return (f"error: {key} is not a slurmtrain key: {_suggest(key)}check the spelling "
                 "(`python -m launcher --cfg job` lists every key)")
+    present = re.search(r"Could not append to config\. An item is already at '([^']+)'.*remove \+ prefix: '([^']+)'",
+                        joined, re.S)
+    if present:
+        return f"error: {present.group(1)} is a slurmtrain key already: drop the + ({present.group(2)})"
     missing = re.search(r"Could not find '([^']+)'", joined)
     if missing:
         options = [line for line in lines if not line.startswith(("In '", "Available options"))]

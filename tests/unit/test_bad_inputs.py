@@ -155,9 +155,11 @@ CASES = [
     Case("interpolation", ("optim.lr=${optim.nope}",), "optim.lr: Interpolation key 'optim.nope' not found: point "
                                                         "the ${...} at a key that exists"),
     Case("run-config-dir", ("run.name=confdir",), "config.yaml is not a file: move it away"),
-    Case("new-section", ("+eval.every=10",), "eval.every is not a slurmtrain key: drop +eval.every=10",
-         absent="+eval="),
-    Case("key-unrelated", ("trainer.save_every=10",), "trainer.save_every is not a slurmtrain key: check the",
+    Case("new-section", ("+validation.every=10",), "validation.every is not a slurmtrain key: drop "
+                                                   "+validation.every=10 (", absent="+validation="),
+    Case("plus-on-a-key", ("+eval.every=10",), "eval.every is a slurmtrain key already: drop the + (eval.every=10)"),
+    Case("key-unrelated", ("trainer.save_every=10",), "trainer.save_every is not a slurmtrain key: did you mean "
+                                                       "trainer.ckpt_every?",
          absent="log_every"),
     Case("tokens-text", ("data=tokens", "data.path=corpus.txt"), "looks like UTF-8 text, not token ids: tokenize it"),
     Case("project-yaml-syntax", (*BYO, "model=broken"), "conf/model/broken.yaml, line 3, column 13: while "
