@@ -37,7 +37,7 @@ def enabled(cfg: Any) -> bool:
 def _plain(node: Any) -> dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
-    return dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node or {})
+    return dict(OmegaConf.to_container(node, resolve=True)) if isinstance(node, DictConfig) else dict(node or {})  # type: ignore[arg-type]
 
 
 def default_sets(cfg: Any, on_ranks: bool = False) -> dict[str, dict[str, Any]]:
