@@ -86,9 +86,10 @@ class Stability:
         verdict = self.verdict
         if verdict is None:
             return None
+        shared = verdict.share(loss)
 
         def judged(norm: Any) -> torch.Tensor:
-            code = verdict(loss, norm)
+            code = verdict(shared if shared is not None else loss, norm)
             self.codes.push(step, code)
             return skip_flag(code) if verdict.spike is not None else code  # 0.0 or 1.0 already
 

@@ -62,20 +62,44 @@ class StepVerdict:
         # routine early in a run, not trouble.
         self.fp16 = fp16
 
-    def __call__(self, loss: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    def share(self, loss: torch.Tensor) -> SharedLoss | None:
+        """With the spike rule: start averaging the step's loss over the ranks as soon as it is known, so that the
+        all-reduce runs while the strategy computes the gradient norm (on gloo it cost a 2-rank tiny step 3 ms
+        when it waited for the verdict)."""
+        return SharedLoss(loss.detach().float(), self.world_size) if self.spike is not None else None
+
+    def __call__(self, loss: torch.Tensor | SharedLoss, norm: torch.Tensor) -> torch.Tensor:
         """The step's code as a float tensor (0: apply the update; NONFINITE and SPIKE bits otherwise)."""
         norm = torch.as_tensor(norm, device=self.device)
         if self.spike is None:
             if self.fp16:
                 return torch.zeros((), device=self.device)
             return torch.isfinite(norm).logical_not_().float()
-        shared = global_mean(loss.detach().float(), self.world_size)
+        shared = loss.value() if isinstance(loss, SharedLoss) else global_mean(loss.detach().float(), self.world_size)
         values = torch.stack([shared, norm.float()])
         bad = ~torch.isfinite(values).all()
         spike = self.spike(values, bad)
         if self.fp16:  # never reached: the spike rule is refused with fp16 (train/stability/checks.py)
             return spike.float() * SPIKE
         return bad.float() + spike.float() * SPIKE
+
+
+class SharedLoss:
+    """The mean of a value over all ranks, the all-reduce started at once and waited for at `value()` (on NCCL the
+    wait orders the streams: no host sync)."""
+
+    def __init__(self, value: torch.Tensor, world_size: int) -> None:
+        self.world_size, self.work = world_size, None
+        self.sum = value.clone()
+        if world_size > 1 and dist.is_initialized():
+            self.work = dist.all_reduce(self.sum, async_op=True)
+
+    def value(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+            self.sum /= self.world_size
+        return self.sum
 
 
 def global_mean(value: torch.Tensor, world_size: int) -> torch.Tensor:
