@@ -60,7 +60,7 @@ def run(config_path: str | Path) -> int:
     # Reproducible CPU math needs a fixed thread count; it is a config value, not a property of the host.
     torch.set_num_threads(cfg.trainer.cpu_threads)
     if cfg.trainer.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        deterministic_algorithms()
     backend = distributed.pick_backend(cfg.local.backend if env.launcher == "local" else _cluster_backend(cfg))
     device = distributed.device_for(env, backend)
 
@@ -128,6 +128,19 @@ def _cluster_backend(cfg: Any) -> str | None:
     if cfg.cluster is None:
         return None
     return cfg.cluster.backend
+
+
+def deterministic_algorithms() -> None:
+    """torch.use_deterministic_algorithms(True, warn_only=True), without importing inductor (a CPU-second on every
+    rank's start): the public call imports it only to set its `deterministic` flag, which inductor also reads from
+    TORCHINDUCTOR_DETERMINISTIC when a compiled run (strategy.compile) first imports it."""
+    import torch
+
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return
+    os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
 def main(argv: list[str] | None = None) -> int:
