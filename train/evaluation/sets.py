@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.errors import ConfigError
-from launcher.eval_jobs import jobs_enabled
+from launcher.run.eval_jobs import jobs_enabled
 
 KINDS = ("val", "tokens", "synthetic", "dataset")
 KEYS = ("kind", "path", "seed", "_target_", "args")
@@ -145,8 +145,8 @@ def check_eval(cfg: Any) -> None:
 
 
 def _check_tokens(cfg: Any, name: str, entry: dict[str, Any]) -> None:
-    """A val or tokens set: what its path names, with the checks data.path gets (launcher/input_checks.py)."""
-    from launcher.input_checks import check_source
+    """A val or tokens set: what its path names, with the checks data.path gets (launcher/checks/input_checks.py)."""
+    from launcher.checks.input_checks import check_source
     from train.data.spec import resolve
 
     key, seq_len = f"eval.sets.{name}", int(cfg.data.seq_len)
@@ -164,6 +164,22 @@ def _check_tokens(cfg: Any, name: str, entry: dict[str, Any]) -> None:
                               f"sample (data.seq_len + 1 = {seq_len + 1}): lower data.seq_len or prepare it with a "
                               "larger --val-fraction")
     check_source(spec, seq_len, int(cfg.model.vocab_size))
+
+
+def repeat_warning(name: str, samples: int, batches: int, global_batch: int) -> str | None:
+    """The words for a set smaller than one pass (None when it is not): a pass reads global sample indices
+    [0, batches x global_batch) round-robin, so some samples are read twice and weigh double in the loss. Said by
+    the ranks at the first pass, and meant for the launch plan too (torch-free)."""
+    per_pass = batches * global_batch
+    if samples >= per_pass:
+        return None
+    fits = samples // global_batch
+    fix = (f"set eval.batches={fits} ({fits * global_batch} samples) or give the set at least {per_pass} samples"
+           if fits >= 1 else f"give the set at least {global_batch} samples (one batch) and {per_pass} for "
+           f"eval.batches={batches}")
+    return (f"validation set {name} holds {samples} samples and a pass reads {per_pass} (eval.batches={batches} x "
+            f"the global batch {global_batch}): it reads some samples more than once, and they weigh more in its "
+            f"loss; {fix}")
 
 
 def plan_line(cfg: Any, global_batch: int) -> str | None:

@@ -5,6 +5,8 @@ data-parallel ranks the way training splits a step (train/data/batches.py), so t
 size. The loss is the global token-weighted mean: each rank sums its token losses and counts its tokens, and both
 are summed over every rank (tensor-parallel peers hold the same sums, which scales both alike). The pass runs in
 eval mode under no_grad with the RNG streams forked, so training draws exactly what it would have without it.
+The first pass reads each set and keeps its batches (set_batches.py): later passes cost only the forward. A set with
+fewer samples than a pass reads is read round-robin; the first pass says so (sets.repeat_warning).
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from launcher.eval_jobs import jobs_enabled
+from launcher.run.eval_jobs import jobs_enabled
 from train.build import logits_of
-from train.data.batches import IGNORE_INDEX, load_micro_batch, planned_micro_batches
-from train.evaluation.sets import HELD_OUT_START, enabled, eval_section, resolved_sets
+from train.data.batches import IGNORE_INDEX, planned_micro_batches
+from train.evaluation.set_batches import SetBatches, samples_in
+from train.evaluation.sets import HELD_OUT_START, enabled, eval_section, repeat_warning, resolved_sets
+from train.metrics import log
 
 
 class HeldOut:
@@ -75,10 +79,18 @@ class Validator:
         self.sets = {name: build_set_source(cfg, entry) for name, entry in resolved_sets(cfg, on_ranks=True).items()
                      } if active else {}
         t = cfg.trainer
-        batches = int(eval_section(cfg).batches) if active else 0
+        self.batches = int(eval_section(cfg).batches) if active else 0
+        self.global_batch = int(t.global_batch_size)
         self.accum = int(t.grad_accum_steps)
-        self.micro_batches = list(planned_micro_batches(0, batches, int(t.grad_accum_steps), strategy.dp_rank,
+        self.micro_batches = list(planned_micro_batches(0, self.batches, int(t.grad_accum_steps), strategy.dp_rank,
                                                         strategy.dp_size, int(t.micro_batch_size)))
+        # What one batch of a pass is: a micro batch, or a pipeline step's micro batches, which its schedule splits.
+        self.pipeline = getattr(strategy, "pipeline", None)
+        per_batch = self.accum if self.pipeline is not None else 1
+        groups = [[i for micro in self.micro_batches[first:first + per_batch] for i in micro]
+                  for first in range(0, len(self.micro_batches), per_batch)]
+        self.set_batches = SetBatches(self.sets, groups, pin=device is not None and device.type == "cuda")
+        self.first_pass = True
 
     def due(self, step: int) -> bool:
         if step == 0:
@@ -90,13 +102,20 @@ class Validator:
         devices = [self.device] if self.device.type == "cuda" else []
         sums = torch.zeros(2 * len(self.sets), dtype=torch.float64, device=self.device)
         was_training = model.training
+        if self.first_pass:
+            self._warn_repeats()
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             model.train(False)
             try:
-                for k, source in enumerate(self.sets.values()):
-                    sums[2 * k:2 * k + 2] = self._sums(model, source)
+                for k, name in enumerate(self.sets):
+                    sums[2 * k:2 * k + 2] = self._sums(model, name)
             finally:
                 model.train(was_training)
+        if self.first_pass:
+            self.first_pass = False
+            note = self.set_batches.note()
+            if note and self.strategy.env.is_main:
+                log.info(note)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums)
         out: dict[str, float] = {}
@@ -106,12 +125,22 @@ class Validator:
             out[f"val/{name}/ppl"] = math.exp(min(loss, 700.0))
         return out
 
-    def _sums(self, model: torch.nn.Module, source: Any) -> torch.Tensor:
-        if self.strategy.pipeline is not None:
-            return self._pipeline_sums(source)
+    def _warn_repeats(self) -> None:
+        """At the first pass, on rank 0: each set smaller than a pass, which round-robin reads twice."""
+        if not self.strategy.env.is_main:
+            return
+        for name, source in self.sets.items():
+            samples = samples_in(source)
+            words = None if samples is None else repeat_warning(name, samples, self.batches, self.global_batch)
+            if words:
+                log.warning(words)
+
+    def _sums(self, model: torch.nn.Module, name: str) -> torch.Tensor:
+        if self.pipeline is not None:
+            return self._pipeline_sums(name)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for indices in self.micro_batches:
-            inputs, targets = (x.to(self.device, non_blocking=True) for x in load_micro_batch(source, indices))
+        for batch in self.set_batches.of(name):
+            inputs, targets = (x.to(self.device, non_blocking=True) for x in batch)
             with self.strategy.autocast():
                 logits = logits_of(model(inputs))
             flat = targets.reshape(-1)
@@ -120,14 +149,13 @@ class Validator:
             total[1] += (flat != IGNORE_INDEX).sum()
         return total
 
-    def _pipeline_sums(self, source: Any) -> torch.Tensor:
+    def _pipeline_sums(self, name: str) -> torch.Tensor:
         """A pipeline stage's share: each step's micro batches go through the schedule forward only (its eval), as
         training sends them; the last stage holds the losses, one mean per micro batch, and counts the tokens."""
-        pipeline, accum = self.strategy.pipeline, int(self.accum)
+        pipeline, accum = self.pipeline, int(self.accum)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for first in range(0, len(self.micro_batches), accum):
-            indices = [i for micro in self.micro_batches[first:first + accum] for i in micro]
-            inputs, targets = (x.to(self.device, non_blocking=True) for x in load_micro_batch(source, indices))
+        for batch in self.set_batches.of(name):
+            inputs, targets = (x.to(self.device, non_blocking=True) for x in batch)
             losses = pipeline.forward_only(inputs, targets)
             if pipeline.last:
                 for loss, micro_targets in zip(losses, targets.chunk(accum), strict=True):
