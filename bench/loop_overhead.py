@@ -54,7 +54,7 @@ def _init_single_process() -> Any:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       SLURMTRAIN_LAUNCHER="local")
     if "MASTER_PORT" not in os.environ:
-        from launcher.local import free_port
+        from launcher.run.local import free_port
 
         os.environ["MASTER_PORT"] = str(free_port())
     env = distributed.detect()
@@ -272,7 +272,7 @@ def run_ddp(plan: dict[str, tuple[int, int]]) -> dict[str, Any]:
     """Every case on DDP_WORLD ranks: ratio ours / bare DDP, the median over the adjacent pairs."""
     import torch.multiprocessing as mp
 
-    from launcher.local import free_port
+    from launcher.run.local import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_ddp_worker, args=(DDP_WORLD, free_port(), tmp, plan), nprocs=DDP_WORLD)

@@ -105,7 +105,7 @@ def run_cpu(quick: bool = False) -> dict[str, Any]:
     import torch
     import torch.multiprocessing as mp
 
-    from launcher.local import free_port
+    from launcher.run.local import free_port
 
     runs = {name: spec for name, spec in CPU_RUNS.items() if not quick or name in QUICK_RUNS}
     t0 = time.perf_counter()

@@ -41,10 +41,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher import accounting
-from launcher.events import read_events
-from launcher.metrics_file import read_metrics
-from launcher.status import read_config
+from launcher.observe import accounting
+from launcher.observe.events import read_events
+from launcher.observe.metrics_file import read_metrics
+from launcher.observe.runs import read_config
 from train import ckpt_layout
 
 REPEATS = 3

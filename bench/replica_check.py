@@ -80,7 +80,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, plan: dict[str, int]
 def run(quick: bool = False) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from launcher.local import free_port
+    from launcher.run.local import free_port
     from launcher.schema import StabilityConfig
 
     every = StabilityConfig.replica_check_every

@@ -108,7 +108,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str, plan: dict[str, 
 def run(quick: bool = False) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from launcher.local import free_port
+    from launcher.run.local import free_port
     from train import distributed
 
     plan, ddp_plan = (QUICK, QUICK) if quick else (FULL, DDP_FULL)

@@ -28,8 +28,8 @@ import torch
 import torch.multiprocessing as mp
 
 from launcher.compose import compose_and_plan
-from launcher.local import free_port
-from launcher.metrics_file import read_file
+from launcher.observe.metrics_file import read_file
+from launcher.run.local import free_port
 from train import distributed
 from train.loop import train
 from train.telemetry import StepTimer, Telemetry

@@ -1,5 +1,26 @@
 """Login-node side of slurmtrain: compose, validate, plan, dispatch. Never imports torch at import time.
 
+What a user or a job types, and the foundations everything imports, are at the top; the rest is grouped by stage:
+
+    __main__.py   python -m launcher [overrides]: compose -> check -> plan -> run (locally or on SLURM)
+    status.py     python -m launcher.status: one row per run of a run, sweep or run root
+    report.py     python -m launcher.report: PNG plots of a run, a sweep or a run root
+    export.py     python -m launcher.export: a checkpoint as safetensors or a Hugging Face model
+    sample.py     python -m launcher.sample: text from a checkpoint
+    prepare/      python -m launcher.prepare: a corpus -> token shards, locally or as a SLURM array
+    worker.py     python -m launcher.worker: the compute side's entry as local workers, sbatch and submitit start it
+    compose.py    the config composed outside `python -m launcher` (tests, benchmarks, notebooks)
+    schema.py     the dataclasses that declare every config key
+    errors.py     ConfigError (one line that names the fix) and the exit codes
+    checks/       refusals before anything runs: keys, inputs, cluster, Hydra's errors, resuming a run directory
+    plan/         the launch plan: world size, layout, memory, strategy, learning rate, budget, weights
+    run/          where a run goes and how it starts: dispatch, local workers, SLURM, the run directory, eval jobs
+    sweeps/       `-m` sweeps as SLURM job arrays (the Hydra launcher plugin)
+    observe/      what runs leave behind: runs and their rows, metrics, events, accounting, validation, eval results
+
+Each package's __init__ maps its modules and imports nothing, so importing one module loads only what it needs.
+The packages' modules import each other and the foundations, never status, report, export or sample.
+
 Importing it first makes our compute-side package `train` win over a user's own `train.py` (or `train/`) in the
 working directory, which Python would otherwise find first: the launcher runs from the user's project directory,
 whatever files it holds. The user's other modules stay importable from there.

@@ -9,10 +9,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from launcher import hydra_errors
-from launcher.dispatch import dispatch
+from launcher.checks import hydra_errors
+from launcher.checks.overrides import typed_as
 from launcher.errors import EXIT_BAD_INPUT, ConfigError, SweepExit
-from launcher.overrides import typed_as
+from launcher.run.dispatch import dispatch
 from launcher.schema import register
 
 _composed = False

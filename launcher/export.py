@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.hf_config import HF_TARGET
+from launcher.plan.hf_config import HF_TARGET
 from train import ckpt_layout as layout
 
 CHECKPOINTS = layout.checkpoints_root(Path()).name

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.checks.overrides import override_key
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.metrics_file import number_text, read_metrics
-from launcher.overrides import override_key
-from launcher.status import DAMAGED, RunRef, Target, find_runs, load_config, read_config
-from launcher.sweepdir import Point, Sweep, is_sweep_dir
-from launcher.validation_log import loss_curves
+from launcher.observe.metrics_file import number_text, read_metrics
+from launcher.observe.runs import DAMAGED, RunRef, Target, find_runs, load_config, read_config
+from launcher.observe.validation_log import loss_curves
+from launcher.sweeps.sweepdir import Point, Sweep, is_sweep_dir
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.export import pick_checkpoint, run_and_step
-from launcher.run_tokenizer import RunTokenizer, run_tokenizer
+from launcher.observe.run_tokenizer import RunTokenizer, run_tokenizer
 
 HELP = "see python -m launcher.sample --help"
 

@@ -20,7 +20,7 @@ SEED_MAX = 2**32 - 1
 def num(default: Any, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
         hi_open: bool = False) -> Any:
     """A numeric key and its valid range ([lo, hi], an end excluded when *_open), checked at launch for every
-    key by launcher/key_checks.py: a bad value is refused with its range before anything runs."""
+    key by launcher/checks/key_checks.py: a bad value is refused with its range before anything runs."""
     return field(default=default, metadata={"range": (lo, hi, lo_open, hi_open)})
 
 
@@ -347,7 +347,7 @@ class EvalConfig:
     # set "val", the prepared data's validation split or the synthetic stream's held-out samples.
     sets: dict[str, Any] = field(default_factory=dict)
     # Evaluate each checkpoint (every trainer.ckpt_every steps, and the last) in a SLURM job of its own instead of in
-    # the loop (launcher/eval_jobs.py, train/evaluation/job.py); needs +cluster. Training never waits for it. The
+    # the loop (launcher/run/eval_jobs.py, train/evaluation/job.py); needs +cluster. Training never waits for it. The
     # job's resources; None: the cluster's (ranks per node, partition, qos, time limit).
     async_jobs: bool = False
     job_nodes: int = num(1, 1)
@@ -405,7 +405,7 @@ class Config:
 
 
 def register() -> None:
-    from launcher.sweep import register_launcher
+    from launcher.sweeps.sweep import register_launcher
 
     register_launcher()
     # The top-level schema types every group's node, so group files are validated without schemas of their own

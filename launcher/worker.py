@@ -1,9 +1,9 @@
 """The compute-side entry as we start it (local workers, submitit's pickled callable, the sbatch scripts):
 
     python -m launcher.worker --config RUN_DIR/config.yaml
-    python -m launcher.worker --probe  < request.json     (launcher/probe.py: what a user's model is made of)
+    python -m launcher.worker --probe  < request.json     (launcher/plan/probe.py: what a user's model is made of)
     python -m launcher.worker --evaluate RUN_DIR STEP     (an evaluation job's rank: train/evaluation/job.py)
-    python -m launcher.worker --init-from < request.json  (launcher/init_from.py: do model.init_from's weights fit)
+    python -m launcher.worker --init-from < request.json  (launcher/plan/init_from.py: do model.init_from's weights fit)
 
 Going through `launcher` first (see launcher/__init__.py) keeps our `train` package ahead of a user's own train.py
 in the working directory; the work itself is train.entry's.

@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PRELOAD = ("launcher", "hydra", "hydra.main", "hydra._internal.utils", "hydra._internal.hydra",
            "hydra._internal.core_plugins.basic_launcher", "hydra._internal.core_plugins.basic_sweeper",
            "hydra._internal.instantiate._instantiate2", "hydra_plugins.slurmtrain_launcher", "omegaconf",
-           "launcher.dispatch", "launcher.schema", "launcher.hydra_errors", "launcher.overrides", "launcher.sweep",
-           "launcher.plan", "launcher.resume_checks", "launcher.rundir", "launcher.probe", "launcher.input_checks",
-           "launcher.key_checks", "launcher.cluster_checks")
+           "launcher.run.dispatch", "launcher.schema", "launcher.checks.hydra_errors",
+           "launcher.checks.overrides", "launcher.sweeps.sweep", "launcher.plan.launch_plan",
+           "launcher.checks.resume_checks", "launcher.run.rundir", "launcher.plan.probe",
+           "launcher.checks.input_checks", "launcher.checks.key_checks", "launcher.checks.cluster_checks")
 # What `python -m launcher.export` imports (torch, the checkpoint reader, safetensors, transformers).
 EXPORT_PRELOAD = ("launcher.export", "torch", "torch.distributed.checkpoint", "safetensors.torch", "train.export",
                   "train.build", "train.hf", "transformers")

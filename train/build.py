@@ -106,7 +106,7 @@ def count_parameters(model: nn.Module) -> int:
 def flops_per_token(model: nn.Module, model_cfg: Any, seq_len: int) -> tuple[float, str]:
     """Training FLOPs per token and where the figure comes from."""
     if is_ours(model_cfg):
-        from launcher.estimate import flops_per_token as ours
+        from launcher.plan.estimate import flops_per_token as ours
 
         return ours(model_cfg, seq_len), "model"
     own = getattr(model, "flops_per_token", None)

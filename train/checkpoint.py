@@ -36,8 +36,8 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from launcher import eval_results
-from launcher.eval_jobs import evaluated_step, jobs_enabled
+from launcher.observe import eval_results
+from launcher.run.eval_jobs import evaluated_step, jobs_enabled
 from train import ckpt_layout as layout
 from train import ckpt_manifest as manifest
 from train import env_faults
@@ -117,7 +117,7 @@ def doomed_checkpoints(run_dir: Path, checkpoint_cfg: Any) -> list[layout.Checkp
 
 def _submit_evaluation(cfg: Any, run_dir: Path, step: int) -> None:
     """On the background thread: training never waits for sbatch. A refusal is logged and releases the checkpoint."""
-    from launcher.eval_submit import submit_evaluation
+    from launcher.run.eval_submit import submit_evaluation
 
     try:
         job_id = submit_evaluation(cfg, run_dir, step)
@@ -157,7 +157,7 @@ class CheckpointManager:
         # The fingerprint of the data this run reads (train/data/fingerprint.py), in every COMPLETE marker so that
         # the launcher can refuse to resume it on other data; None: not token data.
         self.data_fingerprint: dict[str, Any] | None = None
-        # eval.async_jobs: rank 0 submits an evaluation job per evaluated checkpoint (launcher/eval_jobs.py).
+        # eval.async_jobs: rank 0 submits an evaluation job per evaluated checkpoint (launcher/run/eval_jobs.py).
         self.submits_evaluations = env.is_main and cfg.get("cluster") is not None and jobs_enabled(cfg)
         # Whether the replicas agreed at a step (train/stability/replicas.py): each COMPLETE marker records it.
         self.verified: Callable[[int], bool] = lambda step: False

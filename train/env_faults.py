@@ -10,7 +10,7 @@
                                             or oom-kill (it moves itself into a memory cgroup capped at 64 MiB of
                                             new allocations and allocates until the kernel's OOM killer kills it; root)
 
-Pure stdlib: launcher/events.py calls the events hook.
+Pure stdlib: launcher/observe/events.py calls the events hook.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ unwritable, host memory exhausted) is not a bug to debug: the user needs one lin
 `classify` reads an exception (its causes and contexts, and the per-rank failures a torch.distributed.checkpoint
 save gathers) by type and errno; `run_dir_problem` looks at the run directory itself (for the launcher, which only
 sees an exit code); `oom_killed` reads the kernel's log for a rank that died of SIGKILL. Every ending path uses
-these: the rank (train/entry.py), the local launcher (launcher/local.py) and launcher.status (through the event).
+these: the rank (train/entry.py), the local launcher (launcher/run/local.py) and launcher.status (through the event).
 
 Pure stdlib: the launcher imports it on a login node.
 """
@@ -28,7 +28,7 @@ EXIT_ENVIRONMENT = 74
 # Set by the local launcher: a directory where a rank that dies of its environment leaves its one line (as
 # rank_N.json) for the launcher to print, so that the terminal gets it once, whichever ranks saw the cause.
 ENDING_DIR_ENV = "SLURMTRAIN_ENDING_DIR"
-# The event kind in RUN_DIR/events.jsonl (launcher/events.py); not an unexpected failure: never requeued.
+# The event kind in RUN_DIR/events.jsonl (launcher/observe/events.py); not an unexpected failure: never requeued.
 EVENT_KIND = "environment"
 
 DISK_FULL = "disk_full"

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from launcher.hf_config import config_file
+from launcher.plan.hf_config import config_file
 
 
 def load_config(config_path: str) -> Any:

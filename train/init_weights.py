@@ -9,7 +9,7 @@ other. Each rank reads the weights itself: safetensors tensor by tensor from a m
 (reassembled from any number of shards) straight into the parameters, DeepSpeed checkpoints consolidated on CPU.
 
 The launcher asks the same question before anything runs (`python -m launcher.worker --init-from`, a child
-process: launcher/init_from.py): do the names and shapes match the model built on the meta device?
+process: launcher/plan/init_from.py): do the names and shapes match the model built on the meta device?
 """
 
 from __future__ import annotations

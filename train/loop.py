@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from launcher.events import settle_steps_lost
+from launcher.observe.events import settle_steps_lost
 from launcher.schema import TrainerConfig
 from train import distributed
 from train.build import build_model, flops_per_token, logits_of

@@ -1,4 +1,4 @@
-"""What a rank really holds, measured, to check the launch plan's memory estimate (launcher/estimate.py) against:
+"""What a rank really holds, measured, to check the launch plan's memory estimate (launcher/plan/estimate.py) against:
 the bytes of parameters, gradients and optimizer state at a step's peak, and the bytes autograd saves for backward.
 
 Counted from the tensors themselves, not from an allocator, so the figures mean the same on CPU (gloo) as on a
@@ -174,6 +174,6 @@ def measure_memory(cfg: Any, env: DistEnv, device: torch.device, states: bool = 
 
 
 def estimated_memory(estimate: Any) -> dict[str, float]:
-    """The terms of a launch plan's MemoryEstimate (launcher/estimate.py) that `measure_memory` measures."""
+    """The terms of a launch plan's MemoryEstimate (launcher/plan/estimate.py) that `measure_memory` measures."""
     return {"states": estimate.params + estimate.grads + estimate.optimizer, "activations": estimate.activations}
 

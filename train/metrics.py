@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher import metrics_file
+from launcher.observe import metrics_file
 from train import env_faults
 from train.distributed import DistEnv
 

@@ -1,4 +1,4 @@
-"""What the launch plan needs to know of a user's model and data, asked of them (run by launcher/probe.py).
+"""What the launch plan needs to know of a user's model and data, asked of them (run by launcher/plan/probe.py).
 
     python -m launcher.worker --probe < {"model": {...}, "data": {...}, "strategy": {...}, "seq_len": N}
 

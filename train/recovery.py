@@ -4,7 +4,7 @@ A rank that raises (or whose watchdog fires) claims the attempt's recovery with 
 rank acts even though every rank fails soon after. Within `cluster.max_failures` it requeues the job, which starts
 again from the newest complete checkpoint, leaving out the failed host when the partition has nodes to spare
 (`ExcNodeList`, set by a detached helper once the job is pending again). Configuration errors (exit code 2)
-never come here. RUN_DIR/events.jsonl gets one line per attempt's end (launcher/events.py reads it).
+never come here. RUN_DIR/events.jsonl gets one line per attempt's end (launcher/observe/events.py reads it).
 
 A job that a user cancelled (`scancel` of the job, its array or the task) has not failed, even where its ranks fail
 because the cancel ended a peer first: nothing is requeued, no node is left out, and the end is `cancelled`.
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher import accounting
-from launcher.events import is_secondary_text, record_event, start_local_attempt, unexpected_failures
+from launcher.observe import accounting
+from launcher.observe.events import is_secondary_text, record_event, start_local_attempt, unexpected_failures
 from train import ckpt_layout as layout
 from train.environment_errors import ENDING_DIR_ENV, EVENT_KIND, Ending
 from train.metrics import log

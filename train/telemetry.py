@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.estimate import flops_per_token
+from launcher.plan.estimate import flops_per_token
 from train.distributed import DistEnv, gather_hosts
 from train.metrics import log
 

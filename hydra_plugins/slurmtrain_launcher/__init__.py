@@ -1,8 +1,8 @@
 """Hydra finds plugins only under the `hydra_plugins` namespace package: this makes `hydra/launcher=slurmtrain`
 (and the sweeper that goes with it) available to any Hydra app where slurmtrain is installed. The code lives in
-launcher/sweep.py."""
+launcher/sweeps/sweep.py."""
 
-import launcher.sweep as _sweep
+import launcher.sweeps.sweep as _sweep
 
 _sweep.register_launcher()
 

@@ -86,7 +86,7 @@ def max_array_size() -> int:
 
 
 def live_jobs(plan: Plan) -> list[str]:
-    from launcher import slurm
+    from launcher.run import slurm
 
     return slurm.live_jobs(plan.parts) if (plan.parts / JOBS).is_file() else []
 
@@ -112,8 +112,8 @@ def submit(
     fails."""
     from omegaconf import OmegaConf
 
-    from launcher import slurm
     from launcher.prepare.run import claimed, finalize, pending_tasks
+    from launcher.run import slurm
 
     cluster = load_cluster(cluster_name, overrides, config_dir)
     slurm.preflight(OmegaConf.create({"cluster": cluster}))

@@ -68,8 +68,8 @@ def _locked_here(path: Path) -> bool:
 def _slurm(path: Path) -> tuple[str, str | None, bool]:
     """(job cell, SLURM state, still queued) of the newest submission in .parts/jobs.txt; ("local", None, False)
     without one."""
-    from launcher import accounting
-    from launcher.status import slurm_state
+    from launcher.observe import accounting
+    from launcher.observe.run_rows import slurm_state
 
     jobs = (path / PARTS / JOBS).read_text().split() if (path / PARTS / JOBS).is_file() else []
     if not jobs:

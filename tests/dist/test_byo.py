@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.sweepdir import load_sweep
+from launcher.sweeps.sweepdir import load_sweep
 from tests.conftest import launch, read_metrics
 
 pytestmark = pytest.mark.dist

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launcher.local import free_port
+from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics
 from tests.dist.workers import train_and_dump_params
 

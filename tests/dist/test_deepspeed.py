@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from launcher.errors import EXIT_STOPPED
-from launcher.local import free_port
+from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics
 from tests.dist.workers import train_several
 from train import ckpt_layout as layout

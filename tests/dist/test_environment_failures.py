@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.events import read_events
+from launcher.observe.events import read_events
 from tests.conftest import hq, launch, launcher_env, read_metrics
 from train import ckpt_layout as layout
 from train import ckpt_manifest as manifest

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launcher.local import free_port
+from launcher.run.local import free_port
 from tests.conftest import ROOT, launcher_env
 from tests.dist.workers import train_and_dump_full_model
 from tests.forked_cli import EXPORT_PRELOAD, run_module

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from launcher.compose import compose_and_plan
-from launcher.local import free_port
+from launcher.run.local import free_port
 from tests.conftest import read_metrics
 from train.build import build_model, logits_of
 from train.data import build_source, load_micro_batch

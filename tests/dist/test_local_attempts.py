@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import EXIT_STOPPED
-from launcher.events import read_events
+from launcher.observe.events import read_events
 from tests.conftest import hq, launch, launcher_env
 
 pytestmark = pytest.mark.dist

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.sweepdir import load_sweep
+from launcher.sweeps.sweepdir import load_sweep
 from tests.conftest import hq, launch, read_metrics
 
 pytestmark = pytest.mark.dist

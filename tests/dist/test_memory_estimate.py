@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from launcher.local import free_port
+from launcher.run.local import free_port
 from tests.dist.memory_workers import measure_states
 
 pytestmark = pytest.mark.dist

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from launcher.errors import EXIT_STOPPED
-from launcher.local import free_port
+from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics, traced_samples
 from tests.dist.workers import train_several
 

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from launcher.sweepdir import load_sweep
+from launcher.sweeps.sweepdir import load_sweep
 from tests.conftest import hq, launch, launcher_env, read_metrics
 from tests.forked_cli import EXPORT_PRELOAD, run_module
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launcher.local import free_port
+from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics
 from train.loop import TRACE_SAMPLES_ENV
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.estimate import flops_per_token
+from launcher.plan.estimate import flops_per_token
 from tests.conftest import hq, launch, read_metrics
 from train.telemetry import TEST_SLOW_RANK_ENV
 

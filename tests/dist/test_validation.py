@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from launcher.compose import compose_and_plan
-from launcher.local import free_port
+from launcher.run.local import free_port
 from tests.conftest import read_metrics
 from tests.dist.workers import train_and_dump_full_model
 from train.build import build_model, logits_of

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.events import read_events
+from launcher.observe.events import read_events
 from tests.conftest import hq, launch, launcher_env
 from train.ckpt_layout import latest_complete_checkpoint
 from train.watchdog import EXIT_HUNG

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.sweepdir import load_sweep
+from launcher.sweeps.sweepdir import load_sweep
 from tests.conftest import hq, launch, read_metrics
 from tests.slurm.helpers import sacct_state
 

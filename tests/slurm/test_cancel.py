@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.events import read_events
-from launcher.sweepdir import load_sweep
+from launcher.observe.events import read_events
+from launcher.sweeps.sweepdir import load_sweep
 from tests.conftest import hq, launch, launcher_env
 from tests.slurm.helpers import logged_steps, poll, squeue_state, submitted_job_id, wait_terminal
 from train import ckpt_layout as layout

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.sweepdir import Sweep, load_sweep
+from launcher.sweeps.sweepdir import Sweep, load_sweep
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
 from tests.slurm.helpers import logged_steps, poll, squeue_state, wait_terminal
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.events import LOCAL_ATTEMPTS_FILE, read_events, record_event, start_local_attempt
+from launcher.observe.events import LOCAL_ATTEMPTS_FILE, read_events, record_event, start_local_attempt
 from train import recovery
 from train.preemption import StopOutcome
 

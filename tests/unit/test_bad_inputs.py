@@ -203,7 +203,7 @@ CASES = [
          "prepared with different tokenizers (big, vocabulary 300; bytes, vocabulary 257)"),
     Case("mixture-data-group", ("data.sources.a.path=tokens.bin",), "data.sources mixes token data on disk, which "
                                                                     "data=synthetic does not read: add data=tokens"),
-    # -- learning-rate schedules (train/schedules.py, launcher/lr_schedule.py) ------------------------------------
+    # -- learning-rate schedules (train/schedules.py, launcher/plan/lr_schedule.py) ------------------------------------
     Case("schedule-choice", ("optim.schedule=cosin",), "optim.schedule=cosin is not one of cosine, linear, constant, "
                                                        "wsd, inverse_sqrt: set optim.schedule=cosine"),
     Case("decay-shape-choice", ("optim.schedule=wsd", "optim.decay_shape=sqrt"), "optim.decay_shape=sqrt is not one "
@@ -249,7 +249,7 @@ def _saved_config() -> str:
     from omegaconf import OmegaConf
 
     from launcher.compose import compose_and_plan
-    from launcher.rundir import config_yaml
+    from launcher.run.rundir import config_yaml
 
     cfg, _ = compose_and_plan(["run.name=done"])
     return config_yaml(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]

@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from launcher.compose import compose_and_plan, compose_config
 from launcher.errors import ConfigError
-from launcher.plan import derived_run_name, make_plan
+from launcher.plan.launch_plan import make_plan
+from launcher.plan.run_name import derived_run_name
 
 MODELS = ["tiny", "gpt2_124m", "gpt2_350m", "llama3_1b", "llama3_8b", "llama3_70b"]
 
@@ -85,7 +86,7 @@ def test_zero_sizes_are_refused(override: str) -> None:
 
 
 def test_every_numeric_key_declares_its_range() -> None:
-    from launcher.key_checks import numeric_keys_without_range
+    from launcher.checks.key_checks import numeric_keys_without_range
 
     assert numeric_keys_without_range() == []
 
@@ -96,7 +97,7 @@ def test_upgrading_keeps_derived_run_names() -> None:
     from omegaconf import OmegaConf
 
     from launcher.compose import compose_config
-    from launcher.plan import NAME_ONLY_IF_SET, derived_run_name
+    from launcher.plan.run_name import NAME_ONLY_IF_SET, derived_run_name
 
     cfg = compose_config(["local.nproc=2"])
     old = OmegaConf.to_container(cfg, resolve=True)

@@ -95,9 +95,9 @@ def test_a_resume_on_other_data_is_refused_unless_allowed(tmp_path: Path) -> Non
 
 
 def test_allow_changed_lets_the_data_keys_change_at_launch(tmp_path: Path) -> None:
+    from launcher.checks.resume_checks import check_run_dir
     from launcher.compose import compose_and_plan
-    from launcher.resume_checks import check_run_dir
-    from launcher.rundir import config_yaml
+    from launcher.run.rundir import config_yaml
 
     a, b = tmp_path / "a.bin", tmp_path / "b.bin"
     np.arange(3000, dtype=np.uint16).tofile(a)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.events import EVENTS_FILE, read_events, record_environment_end, record_event
+from launcher.observe.events import EVENTS_FILE, read_events, record_environment_end, record_event
 from train import ckpt_layout as layout
 from train import environment_errors as environment
 
@@ -151,10 +151,11 @@ def test_the_launchers_environment_end_takes_the_place_of_the_same_attempts_cras
 
 
 def test_status_tells_a_slurm_out_of_memory_end_in_one_line(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher import status
+    from launcher.observe import run_rows
+    from launcher.observe.runs import RunRef
 
-    monkeypatch.setattr(status, "slurm_state", lambda job, attempts: "OUT_OF_MEMORY")
-    row = status.run_row(status.RunRef("run", run_dir, ["4242"]), None)
+    monkeypatch.setattr(run_rows, "slurm_state", lambda job, attempts: "OUT_OF_MEMORY")
+    row = run_rows.run_row(RunRef("run", run_dir, ["4242"]), None)
     assert row.state == "OUT_OF_MEMORY" and row.ending is not None
     assert row.ending.startswith("error: job 4242 ran out of host memory") and "trainer.micro_batch_size" in row.ending
     assert "\n" not in row.ending and "(step 4)" in row.ending

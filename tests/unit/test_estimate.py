@@ -1,4 +1,4 @@
-"""The launch plan's memory estimate, fit check, strategy=auto and LR scaling (launcher/estimate.py, fit.py)."""
+"""The launch plan's memory estimate, fit check, strategy=auto and LR scaling (launcher/plan/estimate.py, fit.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from launcher.compose import compose_config
-from launcher.estimate import FP32, ModelShape, block_activation_bytes, estimate_memory, head_activation_bytes
-from launcher.plan import count_parameters
+from launcher.plan.estimate import (
+    FP32,
+    ModelShape,
+    block_activation_bytes,
+    estimate_memory,
+    head_activation_bytes,
+)
+from launcher.plan.launch_plan import count_parameters
 from tests.conftest import hq, launch
 
 SEVEN_B = ["model=llama3_8b", "model.vocab_size=32000", "model.n_kv_heads=null", "model.ffn_hidden=11008",

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launcher import eval_results
+from launcher.checks.key_checks import suggest
 from launcher.compose import compose_and_plan
 from launcher.errors import ConfigError
-from launcher.eval_jobs import evaluated_step
-from launcher.eval_submit import clean_environment, render_script
-from launcher.key_checks import suggest
+from launcher.observe import eval_results
+from launcher.run.eval_jobs import evaluated_step
+from launcher.run.eval_submit import clean_environment, render_script
 from launcher.schema import EvalConfig
 from tests.conftest import launch
 

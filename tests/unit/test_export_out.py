@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from launcher import export
-from launcher.hf_config import HF_TARGET
+from launcher.plan.hf_config import HF_TARGET
 
 NOBODY = 65534
 FIX = "pass --out PATH in a directory you can write"

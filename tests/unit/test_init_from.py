@@ -1,5 +1,5 @@
 """model.init_from at launch: where the path points (train/init_source.py), whether the weights fit the model
-(train/init_weights.py), the plan's weights line (launcher/init_from.py), and a mismatch refused as a user sees it:
+(train/init_weights.py), the plan's weights line (launcher/plan/init_from.py), and a mismatch refused as a user sees it:
 one `error:` line, exit 2, nothing created."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from safetensors.torch import save_file, save_model
 
 from launcher.compose import compose_config
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.init_from import weights_lines
+from launcher.plan.init_from import weights_lines
 from tests.conftest import hq, launch
 from train import ckpt_layout as layout
 from train.build import build_model

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from launcher.checks.group_names import settle_names
+from launcher.checks.key_checks import close_key
+from launcher.checks.overrides import typed_as, typed_for
+from launcher.checks.resume_checks import changed_settings, check_run_dir
 from launcher.compose import compose_and_plan, compose_config
-from launcher.dispatch import dispatch
 from launcher.errors import ConfigError
-from launcher.group_names import settle_names
-from launcher.key_checks import close_key
-from launcher.overrides import typed_as, typed_for
-from launcher.resume_checks import changed_settings, check_run_dir
-from launcher.rundir import config_yaml
+from launcher.run.dispatch import dispatch
+from launcher.run.rundir import config_yaml
 
 TRAINER = ["max_steps", "micro_batch_size", "grad_accum_steps", "global_batch_size", "seed", "log_every",
            "ckpt_every", "deterministic", "cpu_threads", "prefetch_steps", "progress_bar"]
@@ -108,7 +108,7 @@ def test_a_finished_run_starts_nothing_and_writes_nothing(tmp_path: Path, capsys
 
 
 def test_overwrite_starts_the_run_over_with_no_old_ends_or_attempts(tmp_path: Path) -> None:
-    from launcher.rundir import clear_for_overwrite
+    from launcher.run.rundir import clear_for_overwrite
 
     for name in ("events.jsonl", "local_attempts.txt", "metrics.jsonl"):
         (tmp_path / name).write_text("{}\n")

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.compose import compose_and_plan
-from launcher.rundir import config_yaml
+from launcher.run.rundir import config_yaml
 
 
 def _checkpoint(root: Path, step: int, *overrides: str) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from launcher import metrics_file, status, sweep_run
+from launcher.observe import metrics_file, run_rows
+from launcher.sweeps import sweep_run
 from tests import conftest
 from tests.slurm import helpers
 from train.distributed import DistEnv
@@ -114,7 +115,7 @@ def diverged_run(tmp_path: Path) -> Path:
 
 
 def test_every_reader_gets_the_non_finite_floats(diverged_run: Path) -> None:
-    for rows in (status.read_metrics(diverged_run), conftest.read_metrics(diverged_run)):
+    for rows in (run_rows.read_metrics(diverged_run), conftest.read_metrics(diverged_run)):
         assert [r["step"] for r in rows] == [1, 2]
         assert math.isnan(rows[1]["loss"]) and rows[1]["lr"] == INF and math.isnan(rows[1]["rank_step_time_s"][1])
     last = sweep_run._last_row(diverged_run)

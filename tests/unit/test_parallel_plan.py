@@ -8,7 +8,7 @@ import pytest
 
 from launcher.compose import compose_and_plan
 from launcher.errors import ConfigError
-from launcher.parallel import Degrees, bubble, coordinates, placement
+from launcher.plan.parallel import Degrees, bubble, coordinates, placement
 from tests.conftest import hq, launch
 
 H100X64 = ["+cluster=h100x64", "model=llama3_70b", "launcher.dry_run=true"]

@@ -28,7 +28,7 @@ def test_requeue_limit_ends_the_job_with_a_clear_message(monkeypatch: pytest.Mon
 
 def test_requeues_after_crashes_and_hangs_do_not_count_against_the_preemption_limit(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from launcher.events import record_event
+    from launcher.observe.events import record_event
 
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
@@ -71,7 +71,7 @@ def test_sigterm_saves_but_does_not_requeue(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_an_attempt_stopped_by_sigterm_is_recorded_as_stopped(monkeypatch: pytest.MonkeyPatch,
                                                                tmp_path: Path) -> None:
-    from launcher.events import read_events
+    from launcher.observe.events import read_events
     from train import recovery
     from train.recovery import end_of_attempt
 
@@ -118,7 +118,7 @@ def test_a_long_error_keeps_its_head_and_its_cause() -> None:
 def test_the_launcher_blames_the_rank_that_failed_not_the_one_that_lost_its_peer(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from launcher.local import WorkerGroup
+    from launcher.run.local import WorkerGroup
 
     logs = [tmp_path / "rank_0.log", tmp_path / "rank_1.log"]
     logs[0].write_text("step 1\nDistBackendError: [../gloo/transport/tcp/pair.cc] Connection closed by peer\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.events import corruption_notes
+from launcher.observe.events import corruption_notes
 from train import ckpt_layout as layout
 from train.stability import fingerprint as fp
 from train.stability.replicas import judge

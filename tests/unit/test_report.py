@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from launcher import metrics_file, report
-from launcher.sweepdir import Point, Sweep, save_sweep
+from launcher import report
+from launcher.observe import metrics_file
+from launcher.sweeps.sweepdir import Point, Sweep, save_sweep
 from tests.unit.test_status import DAMAGE, damage_run, write_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

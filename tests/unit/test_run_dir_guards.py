@@ -1,6 +1,6 @@
 """Guards of the run directory at launch: model.init_from inside the run directory that run.overwrite=true clears
-(launcher/init_from.py), and an existing run directory that can't be written (launcher/rundir_paths.py), each one
-`error:` line, exit 2, nothing changed; an OSError while preparing the directory is one line too (launcher/rundir.py).
+(launcher/plan/init_from.py), and an existing run directory that can't be written (launcher/run/rundir_paths.py), each one
+`error:` line, exit 2, nothing changed; an OSError while preparing the directory is one line too (launcher/run/rundir.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from launcher.compose import compose_config
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.init_from import refuse_inside_overwritten
-from launcher.rundir import prepare
-from launcher.rundir_paths import check_writable
+from launcher.plan.init_from import refuse_inside_overwritten
+from launcher.run.rundir import prepare
+from launcher.run.rundir_paths import check_writable
 from tests.conftest import ROOT, hq, launcher_env
 from tests.forked_cli import run_module
 from train import ckpt_layout as layout

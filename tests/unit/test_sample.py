@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher import sample
-from launcher.run_tokenizer import run_tokenizer
+from launcher.observe.run_tokenizer import run_tokenizer
 from tests.conftest import ROOT, launcher_env
 from tests.prepared_data import write_prepared
 

@@ -71,7 +71,7 @@ def test_dry_run_config_and_script_hold_no_secret_from_the_environment(run_root:
 
 def test_follow_gives_up_when_the_job_vanishes_without_accounting(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
-    from launcher import slurm
+    from launcher.run import slurm
 
     polls = []
     monkeypatch.setattr(slurm, "job_state", lambda job_id: polls.append(job_id) or ("", ""))
@@ -82,7 +82,7 @@ def test_follow_gives_up_when_the_job_vanishes_without_accounting(monkeypatch: p
 
 
 def test_follow_returns_the_jobs_result(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from launcher import slurm
+    from launcher.run import slurm
 
     states = iter([("PENDING", ""), ("RUNNING", ""), ("FAILED", "1:0")])
     monkeypatch.setattr(slurm, "job_state", lambda job_id: next(states))

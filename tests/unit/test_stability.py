@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.events import goodput, skipped_steps
+from launcher.observe.events import goodput, skipped_steps
 from train.optim import build_optimizer
 from train.stability.checks import check_stability
 from train.stability.monitor import NOTHING, ROLLBACK, STOP, Monitor
@@ -151,7 +151,7 @@ def test_what_a_strategy_cannot_honour_is_refused_in_one_line(over: dict[str, ob
 
 
 def test_status_names_every_rollback_with_its_skipped_samples_and_counts_the_steps_not_applied() -> None:
-    from launcher.events import stability_notes
+    from launcher.observe.events import stability_notes
 
     events = [{"kind": "skipped_step", "step": 7, "reason": "nonfinite"},
               {"kind": "rollback", "step": 7, "to_step": 6, "reason": "non-finite gradient norm or loss at step 7",

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from launcher import events, status
-from launcher.events import record_event
+from launcher import status
+from launcher.observe import events
+from launcher.observe.events import record_event
 from tests.unit.test_status import FakeSlurm, sacct_line, slurm, write_run  # noqa: F401 - slurm is a fixture
 from train import ckpt_layout
 from train.stability.advice import stop_advice

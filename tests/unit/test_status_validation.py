@@ -1,6 +1,6 @@
 """Validation losses in launcher.status (the newest per set, with its step; --json too) and launcher.report (each
 set's curve on the loss panel, per run and sweep point), read from metrics.jsonl's in-loop rows and from
-evaluation jobs' results in RUN_DIR/eval/ (launcher/validation_log.py)."""
+evaluation jobs' results in RUN_DIR/eval/ (launcher/observe/validation_log.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from launcher import eval_results, metrics_file, report, status, validation_log
+from launcher import report, status
+from launcher.observe import eval_results, metrics_file, validation_log
 from tests.unit.test_report import make_sweep
 from tests.unit.test_status import run_json, write_run
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launcher.sweep import sweep_name
-from launcher.sweep_run import swept_keys
+from launcher.sweeps.sweep import sweep_name
+from launcher.sweeps.sweep_run import swept_keys
 from tests.conftest import hq, launch
 
 

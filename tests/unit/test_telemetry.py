@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from launcher.estimate import flops_per_token
+from launcher.plan.estimate import flops_per_token
 from train import telemetry
 from train.metrics import telemetry_text, wandb_values
 from train.telemetry import StepTimer, StragglerRule, interval_fields, peak_tflops, slow_rank_delay

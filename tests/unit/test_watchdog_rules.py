@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from launcher.events import counts, goodput, read_events, record_event, unexpected_failures
+from launcher.observe.events import counts, goodput, read_events, record_event, unexpected_failures
 from launcher.schema import WatchdogConfig
 from train.watchdog import MIN_OBSERVATIONS, Watchdog, culprit_host, least_progress
 
@@ -83,7 +83,7 @@ def test_the_rank_that_got_least_far_is_the_culprit_and_its_host_is_named() -> N
 
 
 def test_a_resume_settles_what_the_last_attempt_lost(tmp_path: Path) -> None:
-    from launcher.events import settle_steps_lost
+    from launcher.observe.events import settle_steps_lost
 
     # Recorded at the crash: the newest complete checkpoint was step 5; step 10's async save completed after.
     record_event(tmp_path, "preempted", step=4, steps_lost=0)

@@ -1,5 +1,5 @@
 """The fingerprint of the data a run reads, saved with every checkpoint and compared on resume. Torch-free: the
-launcher compares it before anything starts (launcher/resume_checks.py), the ranks again when they resume.
+launcher compares it before anything starts (launcher/checks/resume_checks.py), the ranks again when they resume.
 
 A run's data position is a sample index; the same index on other data is other samples, so a resume on changed
 data (another file, a file rewritten in place, other sources or weights, a checkpoint copied into a run that reads

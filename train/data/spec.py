@@ -112,7 +112,7 @@ def _weight(name: str, entry: Any) -> float:
 
 
 def _entry(name: str, entry: Any) -> Any:
-    from launcher.key_checks import close_key
+    from launcher.checks.key_checks import close_key
 
     if not hasattr(entry, "get") or not hasattr(entry, "keys"):
         raise ConfigError(f"data.sources.{name}={entry} is not a source: set data.sources.{name}.path=... and "

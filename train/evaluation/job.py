@@ -1,11 +1,11 @@
-"""An evaluation job's rank (eval.async_jobs=true; the design: launcher/eval_jobs.py):
+"""An evaluation job's rank (eval.async_jobs=true; the design: launcher/run/eval_jobs.py):
 
     python -m launcher.worker --evaluate RUN_DIR STEP
 
 loads the checkpoint of STEP on this job's ranks (any number: DCP reshards; the accumulation is re-derived so that
 an evaluation batch is still trainer.global_batch_size samples) and runs the in-loop Validator over the sets the run
 names, so the losses are those an in-loop pass at that step gives. Rank 0 writes RUN_DIR/eval/step_N.json and then
-removes the pending marker that kept the checkpoint from retention (launcher/eval_results.py).
+removes the pending marker that kept the checkpoint from retention (launcher/observe/eval_results.py).
 
 Preemption: the signal handler (installed first) only sets a flag; the ranks agree on it once the weights are
 loaded. A preemption signal (cluster.signal) by then makes rank 0 requeue the job (up to cluster.max_requeues
@@ -90,7 +90,7 @@ def run(run_dir: str | Path, step: int) -> int:
             requeue(requeue_job)  # last: it ends this attempt
         return 0
     if env.is_main:
-        from launcher import eval_results
+        from launcher.observe import eval_results
         from train.preemption import slurm_job_id
 
         path = eval_results.write_result(run_dir, step, values, job=slurm_job_id(), world_size=env.world_size,
@@ -157,7 +157,7 @@ def _agreed_stop(env: Any, cfg: Any, step: int, flag: Any) -> tuple[bool, str | 
 def _hold_for_test(env: Any, run_dir: Path, step: int, flag: Any) -> None:
     if os.environ.get(TEST_HOLD_ENV) != str(step) or int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
         return
-    from launcher import eval_results
+    from launcher.observe import eval_results
 
     if env.is_main:
         (eval_results.eval_dir(run_dir) / f"step_{step}.held").write_text(f"{os.environ.get('SLURM_JOB_ID')}\n")

@@ -1,6 +1,6 @@
 """The way on after stability stopped a run: a command that works as written (pure stdlib).
 
-The resume checks refuse a changed optim.lr on the same run (launcher/resume_checks.py), so "lower the rate and
+The resume checks refuse a changed optim.lr on the same run (launcher/checks/resume_checks.py), so "lower the rate and
 run the same command" cannot work. With a good checkpoint the way on is a new run from its weights
 (model.init_from: the optimizer, the schedule and the data position start fresh); with none, the same run over
 (run.overwrite=true). The command is the run's own (RUN_DIR/command.txt, its last launch) with those keys replaced.

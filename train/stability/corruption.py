@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from launcher.errors import EXIT_DIVERGED
-from launcher.events import record_event
+from launcher.observe.events import record_event
 from train import ckpt_layout as layout
 from train.metrics import log
 from train.stability.replicas import Disagreement, ReplicaCheck

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.events import record_event
+from launcher.observe.events import record_event
 from train import ckpt_layout as layout
 from train.metrics import log
 from train.stability.skips import SkippedSamples

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from launcher.errors import EXIT_DIVERGED
-from launcher.events import record_event
+from launcher.observe.events import record_event
 from train import ckpt_layout as layout
 from train.distributed import cpu_group
 from train.metrics import log

@@ -1,4 +1,4 @@
-"""The device mesh of a tensor x pipeline x data-parallel layout (launcher/parallel.py checks and explains it).
+"""The device mesh of a tensor x pipeline x data-parallel layout (launcher/plan/parallel.py checks and explains it).
 
 Dimensions, outermost first: data-parallel ("dp", or "dp_replicate" x "dp_shard" for HSDP), pipeline ("pp"),
 tensor-parallel ("tp"): rank = ((dp x pp) + stage) x tp + t, so a tensor-parallel group is neighbouring ranks

@@ -49,7 +49,8 @@ def take() -> str:
 
 
 def _suggest(key: str) -> str:
-    from launcher import key_checks, schema
+    from launcher import schema
+    from launcher.checks import key_checks
 
     cls: type = schema.Config
     *parents, leaf = key.split(".")

@@ -1,5 +1,5 @@
-"""Submitting an evaluation job (eval.async_jobs=true; the design: launcher/eval_jobs.py): its sbatch script, rendered
-as the training job's is (launcher/slurm.py) with the job's own resources, and the sbatch call training's rank 0
+"""Submitting an evaluation job (eval.async_jobs=true; the design: launcher/run/eval_jobs.py): its sbatch script, rendered
+as the training job's is (launcher/run/slurm.py) with the job's own resources, and the sbatch call training's rank 0
 makes once a checkpoint is complete. Torch-free.
 """
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from launcher import eval_results
-from launcher.eval_jobs import jobs_enabled, tasks_per_node
-from launcher.plan import Plan
-from launcher.plan import tasks_per_node as cluster_tasks_per_node
-from launcher.slurm import executor_parameters, preflight, test_submission
+from launcher.observe import eval_results
+from launcher.plan.launch_plan import Plan
+from launcher.plan.world import tasks_per_node as cluster_tasks_per_node
+from launcher.run.eval_jobs import jobs_enabled, tasks_per_node
+from launcher.run.slurm import executor_parameters, preflight, test_submission
 
 # The submitting rank runs inside the training job's step: none of that job's SLURM, submitit or torch.distributed
 # variables may leak into the evaluation job (its srun would read them).

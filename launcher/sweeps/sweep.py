@@ -1,7 +1,7 @@
 """The `slurmtrain` Hydra Launcher plugin (hydra/launcher=slurmtrain): `-m` sweeps as SLURM job arrays.
 
 slurmtrain's own config selects it for every `python -m launcher -m ...`. Its points are training runs
-(`launcher/sweep_run.py`): with `+cluster` one job array per resource shape, returning at once; without, one point
+(`launcher/sweeps/sweep_run.py`): with `+cluster` one job array per resource shape, returning at once; without, one point
 after another on this machine. Any other Hydra app that selects it gets the generic behaviour of a submitit
 launcher: every job of a batch is one task of a SLURM array running the app's task function, and the results
 come back to Hydra (`hydra.launcher.wait=false` returns the array task ids instead, without waiting).
@@ -154,12 +154,12 @@ class SweepLauncher(Launcher):
         return cfg
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from launcher import hydra_errors
+        from launcher.checks import hydra_errors
 
         hydra_errors.release()  # Hydra parsed the sweep: from here on, errors are ours (one line each)
         setup_globals()
         if self.params.get("training"):
-            from launcher.sweep_run import launch_training
+            from launcher.sweeps.sweep_run import launch_training
 
             return launch_training(self, job_overrides, initial_job_idx)
         return self._launch_generic(job_overrides, initial_job_idx)

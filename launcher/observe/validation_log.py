@@ -1,5 +1,5 @@
 """A run's validation losses, from every place they are written: in-loop validation's rows of metrics.jsonl and
-evaluation jobs' results in RUN_DIR/eval/ (launcher/eval_results.py). Both hold `val/NAME/loss` and `val/NAME/ppl`
+evaluation jobs' results in RUN_DIR/eval/ (launcher/observe/eval_results.py). Both hold `val/NAME/loss` and `val/NAME/ppl`
 per set; launcher.status and launcher.report read them here, whichever wrote them. Torch-free.
 """
 
@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from launcher import eval_results
-from launcher.metrics_file import read_metrics
+from launcher.observe import eval_results
+from launcher.observe.metrics_file import read_metrics
 
 PREFIX, LOSS = "val/", "/loss"
 

@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import OmegaConfDumper
 
 from launcher.errors import ConfigError
-from launcher.plan import Plan
-from launcher.rundir_paths import CLEARED_BY_OVERWRITE, check_writable
+from launcher.plan.launch_plan import Plan
+from launcher.run.rundir_paths import CLEARED_BY_OVERWRITE, check_writable
 
 PACKAGES = ("slurmtrain", "torch", "hydra-core", "omegaconf", "submitit", "deepspeed", "wandb", "numpy")
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.overrides import override_key
+from launcher.checks.overrides import override_key
 
 SWEEP_FILE = "sweep.json"
 

@@ -1,6 +1,6 @@
 """A training sweep: every point composed, validated and planned before anything runs; then the points that are
 not finished and not already queued go to SLURM as one job array per resource shape (or run here, one after
-another, without `+cluster`). The sweep directory records it all (launcher/sweepdir.py).
+another, without `+cluster`). The sweep directory records it all (launcher/sweeps/sweepdir.py).
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from launcher import resume_checks, rundir, slurm
+from launcher.checks import resume_checks
+from launcher.checks.overrides import override_key, typed_as
 from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
-from launcher.metrics_file import read_metrics
-from launcher.overrides import override_key, typed_as
-from launcher.plan import Plan, make_plan
-from launcher.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
+from launcher.observe.metrics_file import read_metrics
+from launcher.plan.launch_plan import Plan, make_plan
+from launcher.run import rundir, slurm
+from launcher.sweeps.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
 from train import ckpt_layout as layout
 
 if TYPE_CHECKING:
-    from launcher.sweep import SweepLauncher
+    from launcher.sweeps.sweep import SweepLauncher
 
 
 @dataclass
@@ -103,7 +104,7 @@ def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], sw
     try:
         cfg = launcher.load_point(overrides)
     except (HydraException, OmegaConfBaseException) as err:  # a misspelled key, a missing group option
-        from launcher.hydra_errors import one_line
+        from launcher.checks.hydra_errors import one_line
 
         text = str(err) + ("\n" + str(err.__cause__) if err.__cause__ is not None else "")
         message = one_line(text).removeprefix("error: ")
@@ -120,7 +121,7 @@ def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], sw
     except ConfigError as err:
         raise ConfigError(f"sweep point {index} ({label}): {err}") from None
     except InterpolationResolutionError as err:
-        from launcher.hydra_errors import interpolation
+        from launcher.checks.hydra_errors import interpolation
 
         raise ConfigError(f"sweep point {index} ({label}): {interpolation(err)}") from None
     point.run_dir = str(plan.run_dir)
@@ -293,7 +294,7 @@ def _dry_run(groups: list[list[PointRun]], sweep: Sweep, sweep_dir: Path) -> int
 
 # ---- no cluster: the points one after another on this machine
 def run_here(points: list[PointRun], sweep_dir: Path) -> int:
-    from launcher.dispatch import dispatch
+    from launcher.run.dispatch import dispatch
 
     if points[0].cfg.launcher.dry_run:
         for p in points:

@@ -10,8 +10,9 @@ from omegaconf import DictConfig
 
 def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
     """Run one composed config. `argv` is the command that reproduces it (a sweep point's own overrides)."""
-    from launcher import plan as planning
-    from launcher import resume_checks, rundir
+    from launcher.checks import resume_checks
+    from launcher.plan import launch_plan as planning
+    from launcher.run import rundir
 
     plan = planning.make_plan(cfg)
     if plan.mode == "prepare" and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
@@ -19,7 +20,7 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
         cfg.run.resume, cfg.run.overwrite = True, False
     resume_checks.check_run_dir(cfg, plan.run_dir, plan.world_size)
     if plan.mode != "prepare":
-        from launcher.slurm import refuse_live_jobs
+        from launcher.run.slurm import refuse_live_jobs
 
         refuse_live_jobs(plan.run_dir)
     print(plan.summary(), file=sys.stderr)
@@ -35,12 +36,12 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
         print(f"error: {plan.refusal}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if plan.mode == "slurm":
-        from launcher.eval_submit import check_eval_submission
-        from launcher.slurm import submit
+        from launcher.run.eval_submit import check_eval_submission
+        from launcher.run.slurm import submit
 
         check_eval_submission(cfg, plan)
         return submit(cfg, plan, argv=argv)
-    from launcher.local import run_local
+    from launcher.run.local import run_local
 
     if plan.mode == "local" and cfg.launcher.dry_run:
         print("dry run: nothing run (the plan above is what this command would do)", file=sys.stderr)

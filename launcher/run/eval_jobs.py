@@ -9,8 +9,8 @@ Who does what:
                thread (submit_evaluation): training never waits for it.
     the job    `python -m launcher.worker --evaluate RUN_DIR STEP` on every rank (train/evaluation/job.py) loads
                that checkpoint on the job's ranks, runs the in-loop Validator over the same sets and writes
-               RUN_DIR/eval/step_N.json, then removes the pending marker (files: launcher/eval_results.py).
-The job's script and its submission: launcher/eval_submit.py.
+               RUN_DIR/eval/step_N.json, then removes the pending marker (files: launcher/observe/eval_results.py).
+The job's script and its submission: launcher/run/eval_submit.py.
 
 Evaluated steps: every multiple of trainer.ckpt_every and trainer.max_steps (as in-loop validation evaluates every
 eval.every steps and at the end); a checkpoint written on preemption at another step is not evaluated. With
@@ -37,7 +37,7 @@ def evaluated_step(cfg: Any, step: int) -> bool:
 
 
 def tasks_per_node(cfg: Any, cluster_tasks: int) -> int:
-    """The evaluation job's ranks per node; `cluster_tasks`: the training job's (launcher.plan.tasks_per_node)."""
+    """The evaluation job's ranks per node; `cluster_tasks`: the training job's (launcher.plan.world.tasks_per_node)."""
     return int(cfg.eval.job_tasks_per_node or cluster_tasks)
 
 

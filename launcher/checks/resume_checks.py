@@ -15,10 +15,10 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.checks.hydra_errors import yaml_syntax
 from launcher.errors import ConfigError
-from launcher.hydra_errors import yaml_syntax
-from launcher.plan import training_settings
-from launcher.rundir_paths import check_writable
+from launcher.plan.run_name import training_settings
+from launcher.run.rundir_paths import check_writable
 from train import ckpt_layout as layout
 
 # Sections every saved config has: a file without one of them was cut short or is not ours.

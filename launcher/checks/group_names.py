@@ -17,10 +17,10 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, open_dict
 
+from launcher.checks.overrides import override_key, typed_for
 from launcher.errors import ConfigError
-from launcher.overrides import override_key, typed_for
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "data", "optim", "strategy", "precision")
 # What the training side implements (train/data/sources.py build_source, train/optim.py build_optimizer).
 DATA_SOURCES = ("synthetic", "tokens")

@@ -144,7 +144,7 @@ def layout(cfg: Any, world: int, nodes: int) -> Layout:
 @dataclass(frozen=True)
 class ModelShape:
     """What the estimate knows of a model: ours from its config (`config` set, activations counted op by op), a
-    user's `model._target_` from the probe (launcher/probe.py: parameters and blocks, no activations)."""
+    user's `model._target_` from the probe (launcher/plan/probe.py: parameters and blocks, no activations)."""
 
     n_params: int
     block_params: int

@@ -17,8 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher import schema
+from launcher.checks.overrides import override_key, typed_for
 from launcher.errors import ConfigError
-from launcher.overrides import override_key, typed_for
 from train.schedules import DECAY_SHAPES, SCHEDULES
 
 CHOICES = {

@@ -16,9 +16,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from launcher import rundir
 from launcher.errors import ConfigError
-from launcher.plan import Plan, tasks_per_node
+from launcher.plan.launch_plan import Plan
+from launcher.plan.world import tasks_per_node
+from launcher.run import rundir
 
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED")

@@ -1,6 +1,6 @@
 """Does the job fit, which strategy should it use, what will it cost: the launch plan's judgement.
 
-Before anything is written or submitted: the memory estimate (launcher/estimate.py) against the GPU's memory (cluster
+Before anything is written or submitted: the memory estimate (launcher/plan/estimate.py) against the GPU's memory (cluster
 config), or a local run's share of this host's memory (or its GPUs'); `strategy=auto` picks the first layout that
 fits; a job that does not fit is refused with the cheapest change that does.
 """
@@ -18,11 +18,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
-from launcher.parallel import COMPOSABLE
+from launcher.plan.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
+from launcher.plan.parallel import COMPOSABLE
 from launcher.schema import StrategyConfig
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # strategy=auto tries these in order (cheapest communication first); activation checkpointing, then offload last.
 AUTO_MULTI = ("ddp", "zero1", "fsdp_grad_op", "zero2", "fsdp", "zero3", "fsdp+ac", "zero3+ac", "zero3_offload",
               "zero3_offload+ac")

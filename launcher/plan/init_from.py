@@ -12,8 +12,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from launcher.errors import ConfigError
-from launcher.probe import ask, needs_probe, probe_request
-from launcher.rundir_paths import CLEARED_BY_OVERWRITE
+from launcher.plan.probe import ask, needs_probe, probe_request
+from launcher.run.rundir_paths import CLEARED_BY_OVERWRITE
 from train import ckpt_layout as layout
 from train.init_source import KEY, resolve, saved_weights
 

@@ -1,35 +1,30 @@
 """Cross-field checks and derived values: world size, accumulation, run name; the plan printed before a run.
 
-Everything here is pure config arithmetic, so it runs on a login node without torch.
+Everything here is pure config arithmetic, so it runs on a login node without torch. The world size is
+launcher/plan/world.py's, the run name launcher/plan/run_name.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
-import os
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
-from launcher.cluster_checks import validate_cluster
+from launcher.checks.cluster_checks import validate_cluster
+from launcher.checks.group_names import settle_names
+from launcher.checks.input_checks import check_inputs
+from launcher.checks.key_checks import check_keys
 from launcher.errors import ConfigError
-from launcher.estimate import GB, ModelShape
-from launcher.eval_jobs import check_eval_jobs
-from launcher.fit import Budget, Fit, budget, check_fit, scaled_lr
-from launcher.group_names import settle_names
-from launcher.hf_config import HF_TARGET, apply_hf_config
-from launcher.init_from import normalize as normalize_init_from
-from launcher.init_from import weights_lines
-from launcher.input_checks import check_inputs
-from launcher.key_checks import check_keys
-from launcher.lr_schedule import schedule_note
-from launcher.parallel import (
+from launcher.plan.estimate import GB, ModelShape
+from launcher.plan.fit import Budget, Fit, budget, check_fit, scaled_lr
+from launcher.plan.hf_config import HF_TARGET, apply_hf_config
+from launcher.plan.init_from import normalize as normalize_init_from
+from launcher.plan.init_from import weights_lines
+from launcher.plan.lr_schedule import schedule_note
+from launcher.plan.parallel import (
     MIN_MICRO_PER_STAGE,
     check_composable,
     check_layout,
@@ -38,29 +33,13 @@ from launcher.parallel import (
     not_built,
     summary_lines,
 )
-from launcher.probe import needs_probe, probe
+from launcher.plan.probe import needs_probe, probe
+from launcher.plan.run_name import derived_run_name
+from launcher.plan.world import has_gpus, local_gpu_count, tasks_per_node, world_size
+from launcher.run.eval_jobs import check_eval_jobs
 from train.evaluation.sets import check_eval
 from train.evaluation.sets import plan_line as eval_plan_line
 from train.stability.checks import check_stability
-
-# Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
-# with more steps or another log interval resumes in the same directory.
-NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile", "watchdog",
-                 # What happens when a step goes wrong: a run may turn the checks or the spike rule on when resumed.
-                 "stability",
-                 # Validation reads the model, never changes what is trained.
-                 "eval",
-                 # The layout: a run may resume on another one (DCP reshards).
-                 "parallel",
-                 "trainer.max_steps",
-                 # The end of a wsd stable phase, like trainer.max_steps how long the run goes: extending a run may
-                 # move it (the plan says what the rate does across the resume).
-                 "optim.decay_start_step",
-                 # Resuming on changed data is a launch-time permission, not a setting of what is trained.
-                 "data.allow_changed",
-                 "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every", "trainer.prefetch_steps",
-                 # Derived from the global batch and the world size: a run may resume on another world size.
-                 "trainer.grad_accum_steps", "optim.scaled_lr")
 
 
 @dataclass(frozen=True)
@@ -77,7 +56,7 @@ class Plan:
     gpus: int = 0
     time_limit_h: float = 0.0
     price_per_gpu_hour: float | None = None
-    # The launch plan (launcher/fit.py): memory against capacity, strategy choice, learning rate, compute budget.
+    # The launch plan (launcher/plan/fit.py): memory against capacity, strategy choice, learning rate, compute budget.
     strategy: str = ""
     fit: Fit | None = None
     lr: float = 0.0
@@ -92,7 +71,7 @@ class Plan:
     refusal: str = ""
     # data=tokens: how much of each source the run reads (data_lines), and a warning line per source it repeats.
     data_lines: tuple[str, ...] = ()
-    # Which weights the run starts from (launcher/init_from.py), and a warning where that may surprise.
+    # Which weights the run starts from (launcher/plan/init_from.py), and a warning where that may surprise.
     weights_lines: tuple[str, ...] = ()
 
     @property
@@ -160,43 +139,6 @@ class Plan:
         return out
 
 
-def local_gpu_count() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def tasks_per_node(cluster: Any) -> int:
-    if cluster.tasks_per_node:
-        return int(cluster.tasks_per_node)
-    return max(1, int(cluster.gpus_per_node))
-
-
-def has_gpus(cfg: DictConfig) -> bool:
-    if cfg.cluster is not None:
-        return int(cfg.cluster.gpus_per_node) > 0
-    return local_gpu_count() > 0
-
-
-def world_size(cfg: DictConfig) -> int:
-    if cfg.launcher.prepare_only:
-        if "SLURM_NTASKS" not in os.environ:
-            raise ConfigError("launcher.prepare_only=true runs inside an allocation: use it from an sbatch script")
-        return int(os.environ["SLURM_NTASKS"])
-    if cfg.cluster is not None:
-        return int(cfg.cluster.nodes) * tasks_per_node(cfg.cluster)
-    if cfg.local.nproc is not None:
-        return int(cfg.local.nproc)
-    return max(1, local_gpu_count())
-
-
 def count_parameters(m: Any) -> int:
     d, v, layers = m.d_model, m.vocab_size, m.n_layers
     head_dim = d // m.n_heads
@@ -210,42 +152,6 @@ def count_parameters(m: Any) -> int:
     if not m.tie_embeddings:
         total += v * d
     return total
-
-
-# Keys added after run names were first derived from the config: they change the name only when set to something
-# other than their default, so that upgrading slurmtrain does not move existing runs to new directories (the same
-# command must keep resuming them). Add every new training key here, with its default.
-NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
-                    "optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.decay_shape": "1-sqrt",
-                    "optim.timescale": None, "optim.z_loss": 0.0,
-                    "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
-                    "model.init_from": None,
-                    "data._target_": None, "data.args": {}, "data.sources": {}}
-
-
-def training_settings(cfg: DictConfig) -> dict[str, Any]:
-    """The settings that decide what is trained: the resolved config less NAME_EXCLUDED (and NAME_ONLY_IF_SET keys
-    at their defaults). Their hash names the run; a run directory resumes only with the same ones."""
-    data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    for key, default in NAME_ONLY_IF_SET.items():
-        if OmegaConf.select(cfg, key, default=default) == default:
-            _drop(data, key)
-    for key in NAME_EXCLUDED:
-        _drop(data, key)
-    return data
-
-
-def derived_run_name(cfg: DictConfig) -> str:
-    digest = hashlib.sha1(json.dumps(training_settings(cfg), sort_keys=True).encode()).hexdigest()[:8]
-    return f"{cfg.model.name}-{cfg.strategy.name}-{cfg.precision.name}-{digest}"
-
-
-def _drop(data: dict[Any, Any], key: str) -> None:
-    node: Any = data
-    *parents, leaf = key.split(".")
-    for p in parents:
-        node = node.get(p, {})
-    node.pop(leaf, None)
 
 
 def _check_model(cfg: DictConfig) -> None:
@@ -321,7 +227,7 @@ def _check_ranges(cfg: DictConfig, world: int) -> None:
 
 
 def model_shape(cfg: DictConfig, world: int) -> tuple[ModelShape | None, str]:
-    """Ours from the config; a user's from the model itself (launcher/probe.py, which also checks that a
+    """Ours from the config; a user's from the model itself (launcher/plan/probe.py, which also checks that a
     data._target_ imports and that the strategy can train the model on `world` ranks). The note says why there
     is no shape, or how it was had."""
     answer = probe(cfg, world) if needs_probe(cfg) else None
@@ -459,7 +365,7 @@ def _run_dir(cfg: DictConfig) -> Path:
 
 
 def _lr_note(cfg: DictConfig, global_batch: int, lr: float) -> str:
-    """Where the peak rate comes from, the schedule, and what the rate does across a resume (launcher/lr_schedule.py,
+    """Where the peak rate comes from, the schedule, and what the rate does across a resume (launcher/plan/lr_schedule.py,
     which refuses a schedule that can't run)."""
     o = cfg.optim
     if o.lr_scaling == "none":

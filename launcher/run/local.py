@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from launcher import metrics_file
 from launcher.errors import EXIT_DIVERGED, EXIT_STOPPED
-from launcher.events import is_secondary_text, last_local_attempt, record_environment_end
+from launcher.observe import metrics_file
+from launcher.observe.events import is_secondary_text, last_local_attempt, record_environment_end
 from train import environment_errors as environment
 
 GRACE_S = 30.0

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import ConfigError
-from launcher.estimate import ModelShape
+from launcher.plan.estimate import ModelShape
 
 _answers: dict[str, dict[str, Any]] = {}
 
@@ -61,7 +61,7 @@ def ask(request: dict[str, Any], question: str = "--probe") -> dict[str, Any]:
 
 
 def probe_request(cfg: DictConfig, world_size: int) -> dict[str, Any]:
-    """What the probe is asked (the same config asks once: launcher/init_from.py reads the same answer)."""
+    """What the probe is asked (the same config asks once: launcher/plan/init_from.py reads the same answer)."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     return {
         "model": OmegaConf.to_container(cfg.model, resolve=True),

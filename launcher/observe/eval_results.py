@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.metrics_file import dumps, from_json_value
+from launcher.observe.metrics_file import dumps, from_json_value
 
 DIR_NAME = "eval"
 

@@ -1,0 +1,172 @@
+"""One row per run for `launcher.status`: its state, step, checkpoint, losses, attempt ends, goodput and hours.
+
+Queue and accounting facts come from launcher/observe/accounting.py; everything else is read from the run
+directory, so a local run shows its progress too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.observe import accounting, eval_results, events, metrics_file, validation_log
+from launcher.observe.metrics_file import read_metrics
+from launcher.observe.runs import DAMAGED, RunRef, Target, load_config, merge_jobs
+from train import ckpt_layout, environment_errors
+
+
+@dataclass
+class Row:
+    name: str
+    run_dir: str
+    job: str
+    state: str
+    step: int | None
+    max_steps: int | None
+    checkpoint_step: int | None
+    requeues: int | None
+    hours_unit: str | None  # GPU-h, CPU-h, or None for a local run
+    loss: float | None  # the last logged loss; nan or inf when it is not finite (--json: "nan", "inf", "-inf")
+    tokens_per_s: float | None
+    gpu_hours: float | None
+    cpu_hours: float | None
+    cost: float | None
+    # How the attempts ended (RUN_DIR/events.jsonl: finished, preempted, crashed, hung, ...) and the goodput.
+    events: dict[str, int] = field(default_factory=dict)
+    goodput: float | None = None
+    # The step since which every logged loss has been nan or inf (None while the last loss is finite).
+    loss_nonfinite_since: int | None = None
+    # RUN_DIR/config.yaml can't be read (state "damaged config"): why, and the way out (resume_checks.damaged_config).
+    config_damage: str | None = None
+    # The newest validation loss of each set, in-loop or from an evaluation job: {NAME: {"step": N, "loss": L}}.
+    validation: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    # The last attempt died of its environment (a full disk, a vanished run directory, memory): its one line.
+    ending: str | None = None
+    # eval.async_jobs: the newest evaluated step, its losses by set and the job; the steps still awaiting theirs.
+    evaluation: dict[str, Any] | None = None
+    # Silent data corruption found by the replica check: one line each, naming the ranks and hosts.
+    corruption: list[str] = field(default_factory=list)
+    # Rollbacks with the sample ranges they skip, and the steps not applied (train/stability): one line each.
+    stability: list[str] = field(default_factory=list)
+
+
+def local_state(latest: ckpt_layout.CheckpointDir | None, max_steps: int | None, has_metrics: bool) -> str:
+    if latest is not None and max_steps is not None and latest.step >= max_steps:
+        return "finished"
+    return "stopped" if latest is not None or has_metrics else "not started"
+
+
+def slurm_state(newest_job: str, attempts: list[accounting.Attempt] | None) -> str:
+    queued = accounting.queue_state(newest_job)
+    if queued:
+        return queued
+    if attempts:
+        return attempts[-1].state
+    return "unknown"
+
+
+def _number(value: Any) -> float | None:
+    """A logged figure as a float, nan and inf included (they mean the run diverged, not that nothing was logged)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+# sacct's states of a job that left the queue for good (a requeued one shows PENDING or REQUEUED).
+SLURM_ENDED = ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def final_end(attempt_ends: list[dict[str, Any]], last_start: tuple[int, float] | None) -> dict[str, Any] | None:
+    """A local run's last end when no attempt started after it (else the run went on: that end is behind it)."""
+    end = events.last_end(attempt_ends)
+    if end is None or last_start is None:
+        return end
+    number = end.get("attempt")
+    went_on = last_start[0] > number if isinstance(number, int) else last_start[1] > float(end.get("time") or 0)
+    return None if went_on else end
+
+
+def settle_progress(row: Row, attempt_ends: list[dict[str, Any]], metrics: list[dict[str, Any]],
+                    final: dict[str, Any] | None) -> None:
+    """The step column: the step the run ended at (`final`, the end no attempt followed), never below the newest
+    checkpoint; and the goodput, with the work an end discarded (after the newest checkpoint) left out."""
+    reached = [s for s in (row.step, row.checkpoint_step, None if final is None else final.get("step"))
+               if isinstance(s, int)]
+    row.step = max(reached) if reached else None
+    kept = events.kept_step(attempt_ends, metrics, row.checkpoint_step, final)
+    row.goodput = events.goodput(attempt_ends, metrics, kept)
+
+
+def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> Row:
+    config, damage = load_config(run.run_dir)
+    max_steps = (config.get("trainer") or {}).get("max_steps")
+    cluster = config.get("cluster") or {}
+    metrics = read_metrics(run.run_dir)
+    last = metrics[-1] if metrics else {}
+    latest = ckpt_layout.latest_complete_checkpoint(run.run_dir)
+    row = Row(
+        name=run.name, run_dir=str(run.run_dir), job=run.jobs[-1] if run.jobs else "local", state="",
+        step=last.get("step"), max_steps=max_steps, checkpoint_step=latest.step if latest else None, requeues=None,
+        hours_unit=None,
+        loss=_number(last.get("loss")), tokens_per_s=_number(last.get("tokens_per_s")),
+        gpu_hours=None, cpu_hours=None, cost=None,
+    )
+    diverged = metrics_file.nonfinite_since(metrics, "loss")
+    row.loss_nonfinite_since = diverged["step"] if diverged else None
+    attempt_ends = events.read_events(run.run_dir)
+    row.events = events.counts(attempt_ends)
+    row.evaluation = eval_results.summary(run.run_dir)
+    row.corruption = events.corruption_notes(attempt_ends)
+    row.stability = events.stability_notes(attempt_ends)
+    if attempt_ends and attempt_ends[-1].get("kind") == "environment":
+        row.ending = attempt_ends[-1].get("message")
+    row.config_damage = damage
+    row.validation = validation_log.last_losses(run.run_dir)
+    if not run.jobs:
+        final = final_end(attempt_ends, events.last_local_attempt(run.run_dir))
+        ended = events.ending_state(attempt_ends, final)
+        row.state = DAMAGED if damage else ended or local_state(latest, max_steps, bool(metrics))
+        settle_progress(row, attempt_ends, metrics, final)
+        return row
+    queued = slurm_state(run.jobs[-1], None if sacct is None else sacct.get(run.jobs[-1], []))
+    final = events.last_end(attempt_ends) if queued in SLURM_ENDED else None
+    row.state = DAMAGED if damage else events.ending_state(attempt_ends, final) or queued
+    settle_progress(row, attempt_ends, metrics, final)
+    if queued == "OUT_OF_MEMORY" and row.ending is None:  # a cgroup OOM kill: no rank could say so itself
+        row.ending = environment_errors.slurm_oom_line(run.jobs[-1], run.run_dir)
+    tries = None if sacct is None else [a for job in run.jobs for a in sacct.get(job, [])]
+    gpus_per_node = cluster.get("gpus_per_node")
+    uses_gpus = bool(gpus_per_node) if cluster else any(a.gpus for a in tries or [])
+    row.hours_unit = "GPU-h" if uses_gpus else "CPU-h"
+    if sacct is None or tries is None:
+        return row
+    row.requeues = sum(max(len(sacct.get(job, [])) - 1, 0) for job in run.jobs)
+    if uses_gpus:
+        # Accounting without gres/gpu in AccountingStorageTRES reports no GPUs: fall back to the allocation asked for.
+        asked = (cluster.get("nodes") or 1) * (gpus_per_node or 0)
+        row.gpu_hours = sum(a.elapsed_s / 3600 * (a.gpus or asked) for a in tries)
+        price = cluster.get("price_per_gpu_hour")
+        row.cost = row.gpu_hours * price if isinstance(price, int | float) else None
+    else:
+        row.cpu_hours = sum(a.elapsed_s / 3600 * a.cpus for a in tries)
+    return row
+
+
+def collect(target: Target) -> list[Row]:
+    sacct = accounting.attempts(merge_jobs(*(run.jobs for run in target.runs)))
+    return [run_row(run, sacct) for run in target.runs]
+
+
+def _sum(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def total(rows: list[Row]) -> dict[str, Any]:
+    return {
+        "runs": len(rows),
+        "states": dict(Counter(row.state for row in rows)),
+        "requeues": _sum([row.requeues for row in rows]),
+        "gpu_hours": _sum([row.gpu_hours for row in rows]),
+        "cpu_hours": _sum([row.cpu_hours for row in rows]),
+        "cost": _sum([row.cost for row in rows]),
+    }

@@ -1,0 +1,50 @@
+"""How many ranks a run has and where they land: the world size, ranks per node, the GPUs on this machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from omegaconf import DictConfig
+
+from launcher.errors import ConfigError
+
+
+def local_gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def tasks_per_node(cluster: Any) -> int:
+    if cluster.tasks_per_node:
+        return int(cluster.tasks_per_node)
+    return max(1, int(cluster.gpus_per_node))
+
+
+def has_gpus(cfg: DictConfig) -> bool:
+    if cfg.cluster is not None:
+        return int(cfg.cluster.gpus_per_node) > 0
+    return local_gpu_count() > 0
+
+
+def world_size(cfg: DictConfig) -> int:
+    if cfg.launcher.prepare_only:
+        if "SLURM_NTASKS" not in os.environ:
+            raise ConfigError("launcher.prepare_only=true runs inside an allocation: use it from an sbatch script")
+        return int(os.environ["SLURM_NTASKS"])
+    if cfg.cluster is not None:
+        return int(cfg.cluster.nodes) * tasks_per_node(cfg.cluster)
+    if cfg.local.nproc is not None:
+        return int(cfg.local.nproc)
+    return max(1, local_gpu_count())
+
