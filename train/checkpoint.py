@@ -161,6 +161,10 @@ class CheckpointManager:
         self.submits_evaluations = env.is_main and cfg.get("cluster") is not None and jobs_enabled(cfg)
         # Whether the replicas agreed at a step (train/stability/replicas.py): each COMPLETE marker records it.
         self.verified: Callable[[int], bool] = lambda step: False
+        # More of the trainer state from the loop's parts that keep some (train/stability: what its decisions
+        # depend on), called by rank 0 at each save; `loaded`: the trainer state of the checkpoint loaded last.
+        self.extra_state: Callable[[], dict[str, Any]] = dict
+        self.loaded: dict[str, Any] = {}
 
     # -- saving --------------------------------------------------------------------------------------------
     def save(self, state: Any, *, blocking: bool) -> None:
@@ -236,7 +240,8 @@ class CheckpointManager:
         files = {path / f"rng_rank{self.env.rank}.pt": _serialized(rng_state())}
         if self.env.is_main:
             trainer_state = {**asdict(state), "scheduler": self.strategy.scheduler.state_dict(),
-                             "scaler": self.strategy.scaler_state_dict(), "world_size": self.env.world_size}
+                             "scaler": self.strategy.scaler_state_dict(), "world_size": self.env.world_size,
+                             **self.extra_state()}
             files[path / "trainer_state.pt"] = _serialized(trainer_state)
             files[path / "config.yaml"] = self._config_yaml
             ds_config = getattr(self.strategy, "ds_config", None)
@@ -377,4 +382,5 @@ class CheckpointManager:
             log.warning("world size changed (%s -> %d): RNG streams start fresh; data order is kept",
                         trainer_state.get("world_size"), self.env.world_size)
         self.last_saved_step = checkpoint.step
+        self.loaded = trainer_state
         return trainer_state

@@ -7,6 +7,11 @@
     before_save()  at a save: every verdict read (one sync), the state checked finite, the replicas compared
     recover()      roll back or stop, on every rank at the same step (silent data corruption: corruption.py)
     log_fields()   at a log step: counts for metrics.jsonl; skipped steps into events.jsonl
+
+What the next steps' decisions depend on goes into each checkpoint's trainer state (state_dict, at a save) and
+comes back at a resume and at a rollback to that checkpoint (restore): the spike rule's window, the run of skipped
+steps in a row, the data position of the steps a rollback may reach back to, and the counts. So a run stopped and
+resumed decides as the uninterrupted run does, and a rollback goes on as a resume from its checkpoint would.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from train.stability.replicas import Disagreement, ReplicaCheck
 from train.stability.rollback import rollback
 from train.stability.skips import SkippedSamples
 from train.stability.state_check import state_is_finite
-from train.stability.verdict import NONFINITE, SpikeRule, StepVerdict, apply_with_skip, skip_flag
+from train.stability.verdict import NONFINITE, SCALER, SpikeRule, StepVerdict, apply_with_skip, skip_flag
 from train.stability.z_loss import ZLoss
 
 # Steps whose data position is kept for a rollback's sample ranges.
 KEPT_STARTS = 4096
+# The checkpoint trainer state's entry (train/checkpoint.py writes what state_dict returns into it).
+STATE_KEY = "stability"
 
 
 class Stability:
@@ -56,8 +63,7 @@ class Stability:
         self.policy = policy
         self.monitor = Monitor(policy, int(s.skip_limit), int(s.max_rollbacks), self.skips.rollbacks)
         spike = SpikeRule(float(s.spike_sigma), int(s.spike_window), device) if float(s.spike_sigma) > 0 else None
-        fp16 = strategy.scaler is not None
-        self.verdict = StepVerdict(spike, env.world_size, device, fp16) if self.enabled else None
+        self.verdict = StepVerdict(spike, env.world_size, device, scaler=strategy.scaler) if self.enabled else None
         self.codes = DeviceCodes(device)
         z = float(cfg.optim.get("z_loss", 0.0))
         self.z = ZLoss(z) if z > 0 else None
@@ -71,6 +77,9 @@ class Stability:
         ckpt.verified = self.replicas.verified
         self.found: Disagreement | None = None
         self.step, self.cfg = 0, cfg
+        ckpt.extra_state = self.state_dict  # rank 0, at each save
+        if ckpt.loaded:  # resumed: decide on as the run did before it stopped
+            self.restore(ckpt.loaded)
 
     # -- every step ----------------------------------------------------------------------------------------
     def step_start(self, step: int, position: int) -> int:
@@ -91,7 +100,7 @@ class Stability:
         def judged(norm: Any) -> torch.Tensor:
             code = verdict(shared if shared is not None else loss, norm)
             self.codes.push(step, code)
-            return skip_flag(code) if verdict.spike is not None else code  # 0.0 or 1.0 already
+            return code if verdict.spike is None and not verdict.fp16 else skip_flag(code)  # 0.0 or 1.0 already
 
         return judged
 
@@ -112,8 +121,9 @@ class Stability:
     def before_save(self) -> int:
         """At a save: every verdict read, and the weights and optimizer state finite on every rank."""
         action = self.wanted(drain=True)
+        self._record_skipped()  # now: a stop after this save would lose them
         if action == NOTHING and self.enabled and not state_is_finite(self.strategy, self.group):
-            self.monitor.trouble_steps.append(max(self.starts, default=0))
+            self.monitor.trouble_steps = [max(self.starts, default=0)]
             action = STOP if self.policy == "stop" or self.monitor.rollbacks_done >= self.monitor.max_rollbacks \
                 else ROLLBACK
             if self.env.is_main:
@@ -130,6 +140,8 @@ class Stability:
             self.wanted(drain=True)
             self._record_skipped()
             fields.update(skipped_steps=self.monitor.nonfinite, spikes=self.monitor.spikes)
+            if self.verdict.fp16:
+                fields["scaler_skipped"] = self.monitor.scaler_skipped
         if self.z is not None and self.z.last is not None:
             from train.distributed import all_reduce_mean
 
@@ -140,13 +152,13 @@ class Stability:
     def recover(self, action: int, step: int) -> dict[str, Any] | Any:
         """Every rank, at the same step: a checkpoint's trainer state to go on from (rolled back), or the
         StopOutcome that ends the run."""
+        self.wanted(drain=True)  # every rank now knows every verdict: the same decision everywhere
+        self._record_skipped()
         if action == CORRUPTION and self.found is not None:
             saved = respond(self.found, self.replicas, self.ckpt, self.skips, self.cfg, self.monitor.max_rollbacks, step)
             if isinstance(saved, dict):
-                self._rolled_back()
+                self._rolled_back(saved)
             return saved
-        self.wanted(drain=True)  # every rank now knows every verdict: the same decision everywhere
-        self._record_skipped()
         action = max(action, self.monitor.action())
         trouble = self.monitor.trouble(action)
         if action == ROLLBACK:
@@ -165,16 +177,49 @@ class Stability:
         reason = f"{trouble.reason} at step {_steps(trouble.bad_steps)}"
         saved = rollback(self.ckpt, self.skips, step, to=lambda s: s < first, skip=[(start, end)], reason=reason)
         if saved is not None:
-            self._rolled_back()
+            self._rolled_back(saved)
         return saved
 
-    def _rolled_back(self) -> None:
-        self.monitor.reset()
-        self.monitor.rollbacks_done = self.skips.rollbacks
+    def _rolled_back(self, saved: dict[str, Any]) -> None:
+        """As a resume from that checkpoint would go on: its window, its run of skipped steps, its positions."""
         self.codes.clear()
-        if self.verdict is not None and self.verdict.spike is not None:
-            self.verdict.spike.reset()  # as a resume from that checkpoint would start it
+        self.restore(saved)
+        self.monitor.rollbacks_done = self.skips.rollbacks
+
+    # -- in each checkpoint --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """For the checkpoint's trainer state (rank 0, at a save: every verdict read, nothing to act on). The same
+        on every rank: the window holds values the ranks share, the monitor counts verdicts they share."""
+        step = max(self.starts, default=0)
+        # The oldest step a rollback from here may skip the samples of: the first of a run of skipped steps that
+        # reaches skip_limit just after this save, less the margin.
+        since = step - self.monitor.skip_limit - self.margin
+        state: dict[str, Any] = {"monitor": self.monitor.state_dict(),
+                                 "starts": [[s, p] for s, p in self.starts.items() if s > since]}
+        spike = self.verdict.spike if self.verdict is not None else None
+        if spike is not None:
+            state["spike"] = spike.state_dict()
+        return {STATE_KEY: state}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """A checkpoint's trainer state (a resume's, a rollback's): what state_dict saved, or a fresh start where
+        an older checkpoint has none (said in one line)."""
+        state = saved.get(STATE_KEY)
+        spike = self.verdict.spike if self.verdict is not None else None
         self.starts.clear()
+        self.monitor.load_state_dict({} if state is None else state.get("monitor", {}))
+        self.starts.update({int(s): int(p) for s, p in ([] if state is None else state.get("starts", []))})
+        notes = [] if state is not None else ["an older slurmtrain wrote it without its stability state: the run of "
+                                              "skipped steps in a row starts afresh"]
+        if spike is not None and state is not None and "spike" in state:
+            notes.append(spike.load_state_dict(state["spike"]) or "")
+        elif spike is not None:
+            spike.reset()
+            notes.append(f"it holds no spike-rule window: the window starts empty, and no step is checked for spikes "
+                         f"until it holds {int(spike.min_count)} values")
+        notes = [n for n in notes if n]
+        if notes and self.env.is_main:
+            log.info("checkpoint step %s: %s", saved.get("step", "?"), "; ".join(notes))
 
     def _stop(self, trouble: Trouble, step: int) -> Any:
         from train.preemption import StopOutcome
@@ -205,11 +250,17 @@ class Stability:
 
         for step, code in skipped:
             start = self.starts.get(step)
-            record_event(self.run_dir, "skipped_step", job=slurm_job_id(), step=step,
-                         reason="nonfinite" if code & NONFINITE else "spike",
+            reason = "nonfinite" if code & NONFINITE else "loss_scale" if code & SCALER else "spike"
+            record_event(self.run_dir, "skipped_step", job=slurm_job_id(), step=step, reason=reason,
                          samples=None if start is None else [start, start + self.global_batch])
-            log.warning("step %d not applied: %s", step, "non-finite gradient norm or loss" if code & NONFINITE
-                        else "loss or gradient norm spike")
+            collapsed = code & SCALER and code & NONFINITE
+            log.log(logging.INFO if reason == "loss_scale" else logging.WARNING, "step %d not applied: %s", step,
+                    REASONS["collapsed" if collapsed else reason])
+
+
+REASONS = {"nonfinite": "non-finite gradient norm or loss", "spike": "loss or gradient norm spike",
+           "loss_scale": "a gradient overflowed in fp16 (the loss scaler skipped it and lowered its scale)",
+           "collapsed": "a gradient overflowed in fp16 with the loss scale already at its floor (1): non-finite"}
 
 
 def _steps(steps: list[int]) -> str:

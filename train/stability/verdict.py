@@ -5,6 +5,11 @@ norm (after DDP's all-reduce, FSDP's reduce-scatter or the pipeline's reduction:
 every rank's norm) and, with the spike rule, the loss averaged over the ranks (one all-reduce on the device, only
 then). The result is a float tensor, 1.0 to skip: fused AdamW takes it as `found_inf` (what torch's GradScaler
 passes) and leaves parameters, moments and its step count untouched, on the device.
+
+With fp16 the loss scaler skips every overflowing step itself and halves its scale: routine early in a run, so such a
+step's code is SCALER alone. An overflow with the scale already at MIN_SCALE or below (where DeepSpeed's and
+Megatron's scalers stop lowering it: 1.0) is no longer the scaler's business but a non-finite step (NONFINITE too):
+stability.nonfinite decides what follows, as in bf16 or fp32.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-NONFINITE, SPIKE = 1, 2  # bits of a step's code
+NONFINITE, SPIKE, SCALER = 1, 2, 4  # bits of a step's code
+# The fp16 loss scale at or below which an overflow is a non-finite step, not a routine skip of the scaler's.
+MIN_SCALE = 1.0
 
 
 class SpikeRule:
@@ -37,6 +44,30 @@ class SpikeRule:
         self.weights.zero_()
         self.calls = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """The window as it stands (host copies: a save's one read of the device), for the checkpoint."""
+        return {"values": self.values.cpu(), "weights": self.weights.cpu(), "calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, Any]) -> str | None:
+        """The window of a checkpoint; returns a note where it could not be taken as it was (None: exactly)."""
+        values, weights, calls = state["values"], state["weights"], int(state["calls"])
+        self.reset()
+        if values.shape == self.values.shape:  # the same ring, slot for slot: the sums are bitwise the same
+            self.values.copy_(values)
+            self.weights.copy_(weights)
+            self.calls = calls
+            return None
+        # Another stability.spike_window: the newest values, oldest first, into a fresh ring.
+        saved = values.shape[0]
+        order = [(calls + i) % saved for i in range(saved)] if calls >= saved else list(range(calls))
+        kept = [i for i in order if float(weights[i]) > 0][-self.window:]
+        for slot, i in enumerate(kept):
+            self.values[slot] = values[i]
+            self.weights[slot] = 1.0
+        self.calls = len(kept)
+        return (f"the spike rule's window was saved with {saved} slots and is {self.window} now: kept its newest "
+                f"{len(kept)} values")
+
     def __call__(self, values: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
         """`values`: [loss, grad norm]; `bad`: true where they are not finite. Returns a bool tensor, true for a
         spike (never for a bad step, which is not stored either)."""
@@ -56,11 +87,13 @@ class SpikeRule:
 class StepVerdict:
     """Per step: the skip flag for the optimizer, and the step's code (NONFINITE | SPIKE bits) for the host."""
 
-    def __init__(self, spike: SpikeRule | None, world_size: int, device: torch.device, fp16: bool) -> None:
+    def __init__(self, spike: SpikeRule | None, world_size: int, device: torch.device, fp16: bool = False,
+                 scaler: Any = None) -> None:
         self.spike, self.world_size, self.device = spike, world_size, device
         # With fp16 the loss scaler skips non-finite steps itself (and lowers the scale): they are its business,
-        # routine early in a run, not trouble.
-        self.fp16 = fp16
+        # routine early in a run, until its scale has collapsed (MIN_SCALE). `scaler`: torch's GradScaler, whose
+        # scale (a device tensor, made at the first backward) is read on the device, never by the host.
+        self.fp16, self.scaler = fp16 or scaler is not None, scaler
 
     def share(self, loss: torch.Tensor) -> SharedLoss | None:
         """With the spike rule: start averaging the step's loss over the ranks as soon as it is known, so that the
@@ -73,7 +106,7 @@ class StepVerdict:
         norm = torch.as_tensor(norm, device=self.device)
         if self.spike is None:
             if self.fp16:
-                return torch.zeros((), device=self.device)
+                return self._scaler_code(norm)
             return torch.isfinite(norm).logical_not_().float()
         shared = loss.value() if isinstance(loss, SharedLoss) else global_mean(loss.detach().float(), self.world_size)
         values = torch.stack([shared, norm.float()])
@@ -82,6 +115,17 @@ class StepVerdict:
         if self.fp16:  # never reached: the spike rule is refused with fp16 (train/stability/checks.py)
             return spike.float() * SPIKE
         return bad.float() + spike.float() * SPIKE
+
+
+    def _scaler_code(self, norm: torch.Tensor) -> torch.Tensor:
+        """fp16: SCALER where the scaler skips the step (a gradient overflowed: the norm is not finite), NONFINITE
+        as well where its scale had already collapsed to MIN_SCALE or below."""
+        overflow = torch.isfinite(norm).logical_not_().float()
+        scale = getattr(self.scaler, "_scale", None)
+        if scale is None:  # no scaler object (unit tests), or none made yet: nothing collapsed
+            return overflow * SCALER
+        collapsed = (scale.reshape(()).to(self.device) <= MIN_SCALE).float()
+        return overflow * (SCALER + NONFINITE * collapsed)
 
 
 class SharedLoss:
