@@ -91,9 +91,9 @@ def preemption_requeues(job_id: str, run_dir: Path | None) -> int:
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     if run_dir is None:
         return restarts
-    from launcher.observe.events import UNEXPECTED, read_events
+    from launcher.observe.events import is_failure, read_events
 
-    failures = sum(1 for e in read_events(run_dir) if str(e.get("job")) == job_id and e.get("kind") in UNEXPECTED)
+    failures = sum(1 for e in read_events(run_dir) if str(e.get("job")) == job_id and is_failure(e))
     return max(0, restarts - failures)
 
 

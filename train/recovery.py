@@ -111,16 +111,22 @@ def usable_nodes(partition: str | None) -> list[str]:
                    if not any(state.startswith(b) for b in bad)})
 
 
-def exclusion(cfg: Any, job: str, host: str | None) -> list[str]:
-    """The hosts to leave out of the requeued job: those left out before plus `host`, while enough remain."""
-    before = _excluded_now(job)
-    if host is None:
-        return before
-    wanted = sorted(set(before) | {host})
-    remaining = [n for n in usable_nodes(cfg.cluster.partition) if n not in wanted]
-    if len(remaining) < int(cfg.cluster.nodes):
-        log.warning("not leaving out %s: the partition has no node to spare for %d node(s)", host, cfg.cluster.nodes)
-        return before
+def exclusion(cfg: Any, job: str, hosts: list[str]) -> list[str]:
+    """The hosts to leave out of the requeued job: those left out before plus each of `hosts`, in order, while
+    enough remain."""
+    wanted = _excluded_now(job)
+    if not hosts:
+        return wanted
+    usable = usable_nodes(cfg.cluster.partition)
+    for host in dict.fromkeys(hosts):
+        if host in wanted:
+            continue
+        remaining = [n for n in usable if n not in wanted and n != host]
+        if len(remaining) < int(cfg.cluster.nodes):
+            log.warning("not leaving out %s: the partition has no node to spare for %d node(s)", host,
+                        cfg.cluster.nodes)
+            continue
+        wanted = sorted({*wanted, host})
     return wanted
 
 
@@ -151,11 +157,12 @@ def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> st
 
 
 def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err: BaseException | None = None,
-            *, started: float, is_main: bool, **details: Any) -> None:
+            *, started: float, is_main: bool, culprits: list[str] | None = None, **details: Any) -> None:
     """Called by a failing rank. Under SLURM: record and requeue (one rank acts); `host` is the failed rank's
     host (left out when possible); for a hang, the host of the ranks that got least far, or None when no rank
-    stands out; for silent data corruption, the first host outside the replicas' majority. Locally: rank 0
-    records. `details`: more fields for the event."""
+    stands out; for silent data corruption, the first host outside the replicas' majority, and `culprits` every
+    one of them (all left out when possible; default: `host`). Locally: rank 0 records. `details`: more fields
+    for the event."""
     job = slurm_job_id()
     if job is None or cfg.cluster is None:
         if is_main:
@@ -188,7 +195,7 @@ def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err
                   "and events.jsonl), then run the same command to resume from the last checkpoint", failed, budget)
         record_event(run_dir, "limit_reached", attempt=attempt(), job=job, step=step, steps_lost=0)
         return
-    leave_out = exclusion(cfg, job, host)
+    leave_out = exclusion(cfg, job, culprits if culprits is not None else [host] if host else [])
     log.error("%s at step %d (failure %d of at most %d): requeueing job %s from the newest complete checkpoint%s",
               kind, step, failed, budget, job, f" without {','.join(leave_out)}" if leave_out else "")
     if leave_out:

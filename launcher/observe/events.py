@@ -7,10 +7,12 @@ An `environment` end (train/environment_errors.py: a full disk, a vanished or re
 exhausted) carries its cause and the one line the user saw (`message`).
 
 Lines of the stability kinds (train/stability) come between the ends: "skipped_step" (a step not applied: its
-reason and samples), "rollback" (from step, to the checkpoint's step, the sample ranges skipped from then on); a run
-that stability stopped ends "diverged". "corruption" (train/stability/replicas.py): replicas that should hold
+reason, nonfinite, spike or loss_scale (an fp16 overflow the loss scaler skipped, routine), and its samples),
+"rollback" (from step, to the checkpoint's step, the sample ranges skipped from then on); a run that stability
+stopped ends "diverged". "corruption" (train/stability/replicas.py): replicas that should hold
 identical weights disagreed at `step`; `ranks` outside the majority (or `suspects`, with no majority) and their
-`hosts`; under SLURM, where it named a host, it also ends the attempt that was requeued without that host.
+`hosts`; under SLURM, where it named hosts, it also ends the attempt that was requeued without them (that line has
+`ended`, and only that one is a failure: one rolled back in process is not).
 
 `attempt` counts a job's attempts as SLURM does (SLURM_RESTART_COUNT); a local run's attempts are counted over
 the run directory (start_local_attempt), so that a run stopped, crashed or killed and run again gets 0, 1, 2, ...
@@ -141,8 +143,15 @@ def _rewrite(run_dir: Path, events: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
+def is_failure(event: dict[str, Any]) -> bool:
+    """An attempt that ended unexpectedly (cluster.max_failures counts them): a crash, a hang, or silent data
+    corruption that ended its attempt (requeued without the bad hosts); not one the run rolled back in process."""
+    kind = event.get("kind")
+    return kind in UNEXPECTED and (kind != "corruption" or event.get("ended") is not None)
+
+
 def unexpected_failures(run_dir: Path) -> int:
-    return sum(1 for e in read_events(run_dir) if e.get("kind") in UNEXPECTED)
+    return sum(1 for e in read_events(run_dir) if is_failure(e))
 
 
 def counts(events: list[dict[str, Any]]) -> dict[str, int]:
@@ -235,8 +244,10 @@ def stability_notes(events: list[dict[str, Any]]) -> list[str]:
     skipped = [e for e in events if e.get("kind") == "skipped_step"]
     if skipped:
         spikes = sum(1 for e in skipped if e.get("reason") == "spike")
-        notes.append(f"{len(skipped)} step(s) not applied ({len(skipped) - spikes} non-finite, {spikes} spikes), "
-                     f"the last at step {skipped[-1].get('step')}")
+        scaler = sum(1 for e in skipped if e.get("reason") == "loss_scale")  # fp16 overflows: routine
+        overflows = f", {scaler} fp16 overflows the loss scaler skipped" if scaler else ""
+        notes.append(f"{len(skipped)} step(s) not applied ({len(skipped) - spikes - scaler} non-finite, {spikes} "
+                     f"spikes{overflows}), the last at step {skipped[-1].get('step')}")
     return notes
 
 

@@ -3,10 +3,12 @@
     - a `corruption` event (step, the disagreeing ranks and their hosts, each one's majority, the tensors that
       differ) and the same in the log;
     - under SLURM, when the majority names the hosts: the checkpoints newer than the newest one verified consistent
-      are removed and the job is requeued without the first bad host, as for a crashed rank (train/recovery.py),
-      so that the next attempt resumes from the verified checkpoint on other hardware;
+      are removed and the job is requeued without every host the majority named (each while the partition has a
+      node to spare), as for a crashed rank (train/recovery.py), so that the next attempt resumes from the
+      verified checkpoint on other hardware; a failure against cluster.max_failures, as a crash is;
     - otherwise (a local run, or no majority to name a host): an in-process rollback to the newest checkpoint
-      verified consistent, no samples skipped (the data was fine), and training goes on;
+      verified consistent, no samples skipped (the data was fine), and training goes on; the attempt goes on too,
+      so this is no failure against cluster.max_failures (launcher/observe/events.py is_failure);
     - no verified checkpoint, or stability.max_rollbacks reached: the run stops in one line naming the hosts.
 """
 
@@ -38,6 +40,7 @@ def respond(found: Disagreement, check: ReplicaCheck, ckpt: Any, skips: SkippedS
     is_main, run_dir = ckpt.env.is_main, ckpt.run_dir
     what = check.describe(found)
     hosts = [check.hosts[r] for r in found.named]
+    culprits = list(dict.fromkeys(check.hosts[r] for r in found.bad))  # each once, in rank order
     details: dict[str, Any] = {"ranks": found.bad, "suspects": found.suspects, "hosts": hosts, "tensors": found.tensors,
                "majority": {str(r): holders for r, holders in found.majority.items()}}
 
@@ -57,9 +60,9 @@ def respond(found: Disagreement, check: ReplicaCheck, ckpt: Any, skips: SkippedS
                     if c.step > target.step:
                         layout.remove(c)
                 log.error("requeueing without %s: the next attempt resumes from step %d, the newest checkpoint "
-                          "verified consistent", hosts[0], target.step)
-                recover(cfg, run_dir, EVENT_KIND, step, hosts[0], started=_process_start(), is_main=True,
-                        to_step=target.step, **details)
+                          "verified consistent", ", ".join(culprits), target.step)
+                recover(cfg, run_dir, EVENT_KIND, step, culprits[0], started=_process_start(), is_main=True,
+                        culprits=culprits, to_step=target.step, **details)
             return StopOutcome(1, None, stopped=True, kind=EVENT_KIND)
     if is_main:
         record_event(run_dir, EVENT_KIND, attempt=attempt(), job=job, step=step, **details)
