@@ -170,3 +170,12 @@ def test_fp16_rows_carry_the_scaler_skips(tmp_path: Path) -> None:
     events = (tmp_path / "events.jsonl").read_text()
     assert events.count('"reason": "loss_scale"') == 2 and '"samples": [16, 32]' in events
     assert s.wanted() == NOTHING
+
+
+def test_status_counts_the_loss_scalers_skips_apart_from_the_nonfinite_steps() -> None:
+    from launcher.observe.events import stability_notes
+
+    events = [{"kind": "skipped_step", "step": s, "reason": "loss_scale"} for s in (1, 2, 3)]
+    events += [{"kind": "skipped_step", "step": 30, "reason": "nonfinite"}, {"kind": "finished", "step": 40}]
+    assert stability_notes(events) == [
+        "4 step(s) not applied (1 non-finite, 0 spikes, 3 fp16 overflows the loss scaler skipped), the last at step 30"]
