@@ -2,7 +2,8 @@
 
     RUN_DIR/checkpoints/step_<N>/
         model_optim/        torch.distributed.checkpoint (DCP) shards, or the DeepSpeed engine's files
-        trainer_state.pt    step, tokens, data position, scheduler, scaler, wandb run id (rank 0)
+        trainer_state.pt    step, tokens, data position, scheduler, scaler, wandb run id, the stability
+                            checks' state (train/stability/runner.py) (rank 0)
         rng_rank<R>.pt      python, numpy, torch CPU and CUDA RNG states of rank R
         config.yaml         the resolved config this checkpoint was trained with
         COMPLETE            written last, by rank 0, once every rank's files are on disk (JSON: step, world
