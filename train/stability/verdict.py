@@ -120,12 +120,11 @@ class StepVerdict:
     def _scaler_code(self, norm: torch.Tensor) -> torch.Tensor:
         """fp16: SCALER where the scaler skips the step (a gradient overflowed: the norm is not finite), NONFINITE
         as well where its scale had already collapsed to MIN_SCALE or below."""
-        overflow = torch.isfinite(norm).logical_not_().float()
+        overflow = torch.isfinite(norm).logical_not_()
         scale = getattr(self.scaler, "_scale", None)
         if scale is None:  # no scaler object (unit tests), or none made yet: nothing collapsed
-            return overflow * SCALER
-        collapsed = (scale.reshape(()).to(self.device) <= MIN_SCALE).float()
-        return overflow * (SCALER + NONFINITE * collapsed)
+            return overflow * float(SCALER)
+        return overflow * (scale.reshape(()) <= MIN_SCALE).add(float(SCALER))  # NONFINITE is 1: collapsed + SCALER
 
 
 class SharedLoss:
