@@ -31,6 +31,7 @@ class InitSource:
     path: Path  # the file, directory or checkpoint the weights are read from
     files: tuple[Path, ...] = ()  # kind "files": the weight files, in order
     run_dir: Path | None = None  # a checkpoint's run (given as the run: its newest complete checkpoint)
+    key: str = KEY  # what named the weights, in messages: model.init_from, or an evaluation job's checkpoint
 
     @property
     def checkpoint(self) -> bool:
@@ -39,9 +40,17 @@ class InitSource:
     def describe(self) -> str:
         return str(self.path)
 
+    def named(self) -> str:
+        """The weights as messages name them: model.init_from=PATH, or "checkpoint PATH"."""
+        return named(self.key, self.path)
+
     def origin(self) -> str:
         """Where a checkpoint found for a run directory came from ('' otherwise), for the plan and the log."""
         return "" if self.run_dir is None else f"; the newest complete checkpoint of {self.run_dir}"
+
+
+def named(key: str, path: Path) -> str:
+    return f"{key}={path}" if key == KEY else f"{key} {path}"
 
 
 def _indexed(folder: Path, index_name: str) -> tuple[Path, ...] | None:
@@ -91,17 +100,18 @@ def check_safetensors_header(path: Path) -> None:
                           f": point it at {WHAT_IT_TAKES}") from None
 
 
-def _checkpoint(step_dir: Path, run_dir: Path | None) -> InitSource:
+def checkpoint_source(step_dir: Path, run_dir: Path | None = None, key: str = KEY) -> InitSource:
+    """The model weights of one complete checkpoint (DCP or DeepSpeed); `key` names who asked, in messages."""
     if not (step_dir / layout.MARKER).is_file():
-        raise ConfigError(f"{KEY}={step_dir} is an incomplete checkpoint (no {layout.MARKER} marker: it was "
+        raise ConfigError(f"{named(key, step_dir)} is an incomplete checkpoint (no {layout.MARKER} marker: it was "
                           "interrupted while saving, or is being written): name a complete one, or the run directory "
                           "for its newest complete checkpoint")
     model_dir = step_dir / MODEL_DIR
     if (model_dir / ".metadata").is_file():
-        return InitSource("dcp", step_dir, run_dir=run_dir)
+        return InitSource("dcp", step_dir, run_dir=run_dir, key=key)
     if model_dir.is_dir() and any(model_dir.glob("*model_states.pt")):
-        return InitSource("deepspeed", step_dir, run_dir=run_dir)
-    raise ConfigError(f"{KEY}={step_dir} has no model weights in {MODEL_DIR}/ (neither DCP's .metadata nor "
+        return InitSource("deepspeed", step_dir, run_dir=run_dir, key=key)
+    raise ConfigError(f"{named(key, step_dir)} has no model weights in {MODEL_DIR}/ (neither DCP's .metadata nor "
                       "DeepSpeed's model states): name another checkpoint")
 
 
@@ -125,14 +135,14 @@ def resolve(text: str) -> InitSource:
         raise ConfigError(f"{KEY}={path} is not a weights file (.safetensors, .bin, .pt or .pth): point it at "
                           f"{WHAT_IT_TAKES}")
     if _is_checkpoint(path):
-        return _checkpoint(path, None)
+        return checkpoint_source(path)
     run_dir = path.parent if path.name == layout.checkpoints_root(path.parent).name else path
     if layout.checkpoints_root(run_dir).is_dir():
         latest = layout.latest_complete_checkpoint(run_dir)
         if latest is None:
             raise ConfigError(f"{KEY}={path} is a run directory with no complete checkpoint yet: wait for its "
                               "first checkpoint, or name one with RUN/checkpoints/step_N")
-        return _checkpoint(latest.path, run_dir)
+        return checkpoint_source(latest.path, run_dir)
     files = _weight_files(path)
     if not files:
         raise ConfigError(f"{KEY}={path} holds no weights (no *.safetensors, no pytorch_model.bin, no checkpoints/): "

@@ -7,6 +7,12 @@ rank, before the strategy wraps it (loop.py), so every strategy takes them the s
 layers, DeepSpeed copies them into its partitions) and a checkpoint of any strategy and world size loads on any
 other. Each rank reads the weights itself: safetensors tensor by tensor from a memory map, DCP checkpoints
 (reassembled from any number of shards) straight into the parameters, DeepSpeed checkpoints consolidated on CPU.
+The optimizer state is never read: DCP reads only the model's entries, and DeepSpeed's consolidation takes the
+master weights out of its optimizer files through a memory map, leaving the moments beside them untouched.
+
+An evaluation job (train/evaluation/job.py) loads its checkpoint the same way (`master=False`): a ZeRO-1/2
+checkpoint's model states file holds the weights as the engine ran its forward with them (in the compute dtype),
+so it reads that file alone and never opens the optimizer's.
 
 The launcher asks the same question before anything runs (`python -m launcher.worker --init-from`, a child
 process: launcher/plan/init_from.py): do the names and shapes match the model built on the meta device?
@@ -47,7 +53,10 @@ def dcp_keys(step_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 def _deepspeed_shapes(step_dir: Path) -> Shapes:
     """The parameters' and buffers' shapes DeepSpeed records in its model states file (no weights loaded)."""
     files = sorted((step_dir / MODEL_DIR).glob("*model_states.pt"))
-    state = torch.load(files[0], map_location="meta", weights_only=False)
+    return _model_states_shapes(torch.load(files[0], map_location="meta", weights_only=False))
+
+
+def _model_states_shapes(state: dict[str, Any]) -> Shapes:
     shapes: Shapes = {}
     for group in state.get("param_shapes") or []:
         shapes.update({clean_key(name): tuple(shape) for name, shape in group.items()})
@@ -133,6 +142,9 @@ def _model_differences(src: InitSource, model_cfg: Any) -> list[str]:
 
 def fix_for(src: InitSource, model_cfg: Any) -> str:
     """How to make the weights and the model agree, as specific as the source allows."""
+    if src.key != KEY:  # a run's own checkpoint, built from its own config: the model's code changed since
+        return ("the model its config.yaml builds has changed since the checkpoint was written: evaluate it with the "
+                "slurmtrain version that trained it")
     if src.checkpoint:
         differences = _model_differences(src, model_cfg)
         if differences:
@@ -150,14 +162,17 @@ def check_fit(model: nn.Module, src: InitSource, model_cfg: Any) -> int:
     expected, found = model_shapes(model), source_shapes(src)
     problem = first_problem(expected, tie_groups(model), found, _ignored(model))
     if problem:
-        raise ConfigError(f"{KEY}={src.describe()} does not fit the model: {problem}: {fix_for(src, model_cfg)}")
+        raise ConfigError(f"{src.named()} does not fit the model: {problem}: {fix_for(src, model_cfg)}")
     return len({s for s in sources_for(expected, tie_groups(model), found).values()})
 
 
 # -- loading ---------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def load_into(model: nn.Module, src: InitSource, model_cfg: Any = None) -> int:
-    """Copy the weights into `model` (every rank its own full copy, before wrapping); returns the tensors read."""
+def load_into(model: nn.Module, src: InitSource, model_cfg: Any = None, master: bool = True) -> int:
+    """Copy the weights into `model` (every rank its own full copy, before wrapping); returns the tensors read.
+    `master=False`: a DeepSpeed ZeRO-1/2 checkpoint gives the module's weights (what its forward ran with) from
+    its model states file rather than its fp32 master weights from the optimizer's files; ZeRO-3 keeps only the
+    master weights whole, so they are read either way."""
     count = check_fit(model, src, model_cfg)
     targets = model.state_dict(keep_vars=True)
     plan = sources_for(model_shapes(model), tie_groups(model), source_shapes(src))
@@ -169,11 +184,26 @@ def load_into(model: nn.Module, src: InitSource, model_cfg: Any = None) -> int:
     elif src.kind == "deepspeed":
         from train.export import load_deepspeed_model
 
-        _copy(load_deepspeed_model(src.path), by_source)
+        module = None if master else deepspeed_module(src.path)
+        _copy(module if module is not None else load_deepspeed_model(src.path), by_source)
     else:
         for file in src.files:
             _copy(_open(file), by_source)
     return count
+
+
+def deepspeed_module(step_dir: Path) -> dict[str, torch.Tensor] | None:
+    """The module's weights a ZeRO-1/2 checkpoint's model states file holds whole (memory-mapped), or None: ZeRO-3
+    saves only empty placeholders there."""
+    files = sorted((step_dir / MODEL_DIR).glob("*model_states.pt"))
+    if len(files) != 1:  # ZeRO-3 writes one per rank
+        return None
+    state = torch.load(files[0], map_location="cpu", mmap=True, weights_only=False)
+    shapes = _model_states_shapes(state)
+    tensors = {clean_key(k): v for k, v in (state.get("module") or {}).items() if isinstance(v, torch.Tensor)}
+    if any(tuple(t.shape) != shapes.get(name, tuple(t.shape)) for name, t in tensors.items()):
+        return None
+    return tensors
 
 
 def _copy(tensors: Any, by_source: dict[str, list[torch.Tensor]]) -> None:

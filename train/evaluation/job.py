@@ -2,9 +2,12 @@
 
     python -m launcher.worker --evaluate RUN_DIR STEP
 
-loads the checkpoint of STEP on this job's ranks (any number: DCP reshards; the accumulation is re-derived so that
-an evaluation batch is still trainer.global_batch_size samples) and runs the in-loop Validator over the sets the run
-names, so the losses are those an in-loop pass at that step gives. Rank 0 writes RUN_DIR/eval/step_N.json and then
+loads the model weights of STEP's checkpoint on this job's ranks and runs the in-loop Validator over the sets the run
+names, so the losses are those an in-loop pass at that step gives. Only the weights are read, as model.init_from
+reads them (train/init_weights.py): into each rank's model before the strategy places it, forward only (no
+optimizer: strategies' setup(train=False)), so a sharding strategy shards them and any number of ranks loads a
+checkpoint of any strategy (DCP or DeepSpeed), never touching its optimizer state; the accumulation is re-derived
+so that an evaluation batch is still trainer.global_batch_size samples. Rank 0 writes RUN_DIR/eval/step_N.json and then
 removes the pending marker that kept the checkpoint from retention (launcher/observe/eval_results.py).
 
 Preemption: the signal handler (installed first) only sets a flag; the ranks agree on it once the weights are
@@ -111,17 +114,21 @@ def evaluate(cfg: Any, env: Any, device: Any, run_dir: Path, checkpoint: Any,
     """Every set's loss and perplexity; None when the job was asked to stop before the pass, with the job rank 0
     requeues once everything is closed."""
     from train.build import build_model
-    from train.checkpoint import CheckpointManager
     from train.evaluation.validator import Validator
+    from train.init_source import checkpoint_source
+    from train.init_weights import load_into
     from train.metrics import log
     from train.strategies import build_strategy
 
     for_world(cfg, env.world_size)
     strategy = build_strategy(cfg, env, device)
-    model = strategy.setup(build_model(cfg.model))
-    CheckpointManager(cfg, env, run_dir, strategy).load(checkpoint)
+    model = build_model(cfg.model)
+    # The weights the training forward ran with (a ZeRO-1/2 checkpoint's module states, never its optimizer files).
+    count = load_into(model, checkpoint_source(checkpoint.path, key="checkpoint"), cfg.model, master=False)
+    model = strategy.setup(model, train=False)
     if env.is_main:
-        log.info("evaluating step %d (%s) on %d ranks", checkpoint.step, checkpoint.path, env.world_size)
+        log.info("evaluating step %d (%s, %d tensors of its weights) on %d ranks", checkpoint.step, checkpoint.path,
+                 count, env.world_size)
     validator = Validator(cfg, strategy, device)
     _hold_for_test(env, run_dir, checkpoint.step, flag)
     stop, requeue_job = _agreed_stop(env, cfg, checkpoint.step, flag)

@@ -51,6 +51,8 @@ class Strategy:
         self.virtual_stages = int(p.pp_virtual_stages) if p is not None and p.pp_schedule == "interleaved_1f1b" else 1
         # Read once: an OmegaConf attribute costs tens of microseconds, paid every step on the critical path.
         self.grad_clip = float(cfg.optim.grad_clip)
+        # False after setup(train=False): forward only (an evaluation job), no optimizer and no gradient buffers.
+        self.trains = True
 
     # -- set-up --------------------------------------------------------------------------------------------
     @classmethod
@@ -74,9 +76,12 @@ class Strategy:
     def make_scaler(self) -> Any:
         return torch.amp.GradScaler(self.device.type)
 
-    def setup(self, model: nn.Module) -> nn.Module:
+    def setup(self, model: nn.Module, train: bool = True) -> nn.Module:
+        """Place and wrap the model and build its optimizer and schedule. train=False: forward only (an evaluation
+        job), the model placed and sharded as training has it, with no optimizer, schedule or their state."""
         from train.strategies.mesh import build_layout, model_parallel
 
+        self.trains = train
         self.check_model(model)
         if model_parallel(self.cfg):
             from train.strategies.pipeline import rank_layers
@@ -98,6 +103,15 @@ class Strategy:
             self.parts = chunks(model, self.layout, self.virtual_stages)
         model = self.wrap(model.to(self.device))
         self.model = model
+        if train:
+            self._build_optimizer(model)
+        if self.layout is not None and self.layout.pp > 1:
+            from train.strategies.pipeline import Pipeline
+
+            self.pipeline = Pipeline(self, self.parts if self.virtual_stages > 1 else [model])
+        return model
+
+    def _build_optimizer(self, model: nn.Module) -> None:
         # fp16: GradScaler steps the optimizer and skips overflowing steps itself; torch's fused AdamW can't take its
         # found_inf (shape [1] against the step counts' []), so foreach kernels, as before the stability checks.
         self.optimizer = build_optimizer(model, self.cfg.optim, fused=self.compute_dtype != torch.float16)
@@ -105,11 +119,6 @@ class Strategy:
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         if self.compute_dtype == torch.float16:
             self.scaler = self.make_scaler()
-        if self.layout is not None and self.layout.pp > 1:
-            from train.strategies.pipeline import Pipeline
-
-            self.pipeline = Pipeline(self, self.parts if self.virtual_stages > 1 else [model])
-        return model
 
     # -- one optimizer step --------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:

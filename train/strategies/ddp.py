@@ -21,7 +21,7 @@ class DDPStrategy(Strategy):
         return unused_refusal(name, unused or [])
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        if self.dp_size == 1:  # one process, or a tensor / pipeline layout with a single replica
+        if self.dp_size == 1 or not self.trains:  # one replica, or forward only: no gradients to all-reduce
             return model
         s = self.cfg.strategy
         return DistributedDataParallel(

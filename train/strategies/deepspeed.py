@@ -8,6 +8,10 @@ LambdaLR on the optimizer DeepSpeed steps. DeepSpeed gets no optimizer or schedu
 
 Precision is DeepSpeed's own: with bf16/fp16 the engine holds the module in that dtype and keeps fp32 master
 weights in its optimizer (fp16 with a dynamic loss scale, saved in its checkpoint), so there is no autocast.
+
+Forward only (setup(train=False), an evaluation job): every stage runs as ZeRO-3 without an optimizer (DeepSpeed's
+ZeRO-Offload engine, as for inference): the parameters partitioned and cast as training has them, gathered per
+module for the forward; ZeRO-1/2 can't build an engine without an optimizer, whose state would double the memory.
 """
 
 from __future__ import annotations
@@ -114,7 +118,8 @@ class DeepSpeedStrategy(Strategy):
         # The engine broadcasts each parameter viewed as bytes at start-up, which a 0-dim tensor can't be.
         return scalar_refusal(name, model, "strategy=fsdp or strategy=ddp")
 
-    def setup(self, model: nn.Module) -> nn.Module:
+    def setup(self, model: nn.Module, train: bool = True) -> nn.Module:
+        self.trains = train
         self.check_model(model)
         deepspeed = import_deepspeed(self.name, self.device)
         self._check_precision()
@@ -123,6 +128,10 @@ class DeepSpeedStrategy(Strategy):
         # process) have none: it must name the device this rank already uses (distributed.device_for).
         os.environ["LOCAL_RANK"] = str(self.device.index if self.device.type == "cuda" else self.env.local_rank)
         self.blocks = prepare_blocks(model, self.cfg.model, self.cfg.strategy)
+        if not train:
+            self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), config=self._forward_config())
+            self.model = self.engine
+            return self.engine  # type: ignore[no-any-return]
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model.to(self.device), optimizer=self._client_optimizer(model),
             config=copy.deepcopy(self.ds_config),
@@ -134,6 +143,15 @@ class DeepSpeedStrategy(Strategy):
         self.basic_optimizer = engine.basic_optimizer
         self.scheduler = build_scheduler(self.basic_optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         return engine  # type: ignore[no-any-return]
+
+    def _forward_config(self) -> dict[str, Any]:
+        """This run's DeepSpeed config as ZeRO-3 with nothing of the optimizer (forward only)."""
+        from omegaconf import open_dict
+
+        cfg = copy.deepcopy(self.cfg)
+        with open_dict(cfg):
+            cfg.strategy.zero_stage, cfg.strategy.offload_optimizer = 3, False
+        return deepspeed_config(cfg, self.env.world_size, pin_memory=self.device.type == "cuda")
 
     def replica_set(self) -> tuple[tuple[int, ...], list[tuple[str, torch.Tensor]]]:
         """ZeRO-1/2 keep the module's parameters whole on every rank; ZeRO-3 partitions them."""
