@@ -85,7 +85,7 @@ class Validator:
         self.micro_batches = list(planned_micro_batches(0, self.batches, int(t.grad_accum_steps), strategy.dp_rank,
                                                         strategy.dp_size, int(t.micro_batch_size)))
         # What one batch of a pass is: a micro batch, or a pipeline step's micro batches, which its schedule splits.
-        self.pipeline = getattr(strategy, "pipeline", None)
+        self.pipeline: Any = getattr(strategy, "pipeline", None)
         per_batch = self.accum if self.pipeline is not None else 1
         groups = [[i for micro in self.micro_batches[first:first + per_batch] for i in micro]
                   for first in range(0, len(self.micro_batches), per_batch)]
