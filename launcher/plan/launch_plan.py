@@ -36,8 +36,9 @@ from launcher.plan.parallel import (
 from launcher.plan.probe import needs_probe, probe
 from launcher.plan.run_name import derived_run_name
 from launcher.plan.world import has_gpus, local_gpu_count, tasks_per_node, world_size
-from launcher.run.eval_jobs import check_eval_jobs
-from train.evaluation.sets import check_eval
+from launcher.run.eval_jobs import check_eval_jobs, jobs_enabled
+from train.evaluation.sets import check_eval, repeat_warning, resolved_sets, set_spec
+from train.evaluation.sets import enabled as eval_enabled
 from train.evaluation.sets import plan_line as eval_plan_line
 from train.stability.checks import check_stability
 
@@ -318,7 +319,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         data_parallel=dp,
         layout_lines=tuple(summary_lines(degrees, world, accum)),
         data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch) + tuple(
-            line for line in [eval_plan_line(cfg, global_batch)] if line),
+            line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
         weights_lines=weights_lines(cfg, _run_dir(cfg), world),
         **_reservation(cfg),
     )
@@ -347,6 +348,21 @@ def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
                             f"{epochs:.3g} times over; add data or lower trainer.max_steps")
     head = f"data: {samples:,} samples of {seq_len + 1} tokens over the run: "
     return (head + "; ".join(parts), *warnings)
+
+
+def eval_set_warnings(cfg: DictConfig, global_batch: int) -> tuple[str, ...]:
+    """A warning for each val or tokens set with fewer samples than a validation pass reads (eval.batches x the
+    global batch): the words the ranks say at the first pass (train/evaluation/sets.py repeat_warning). A small set
+    is legal, so this is no refusal; synthetic sets are unbounded and a dataset's size is known only once built."""
+    if not eval_enabled(cfg) and not jobs_enabled(cfg):
+        return ()
+    batches, seq_len, out = int(cfg.eval.batches), int(cfg.data.seq_len), []
+    for name, entry in resolved_sets(cfg).items():
+        if entry["kind"] in ("val", "tokens"):
+            words = repeat_warning(name, set_spec(cfg, name, entry).windows(seq_len), batches, global_batch)
+            if words:
+                out.append(f"warning: {words}")
+    return tuple(out)
 
 
 def _deferred(cfg: DictConfig, check: Any, *args: Any, **kwargs: Any) -> str:

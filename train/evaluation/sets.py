@@ -144,14 +144,21 @@ def check_eval(cfg: Any) -> None:
             _check_tokens(cfg, name, entry)
 
 
+def set_spec(cfg: Any, name: str, entry: dict[str, Any]) -> Any:
+    """What a val or tokens set's path names (train/data/spec.py SourceSpec): a val set's validation split, a
+    tokens set's file, glob or train split; its windows(data.seq_len) are the set's samples."""
+    from train.data.spec import resolve
+
+    split = "val" if entry["kind"] == "val" else "train"
+    return resolve(str(entry["path"]), f"eval.sets.{name}.path", str(cfg.data.dtype), split=split)
+
+
 def _check_tokens(cfg: Any, name: str, entry: dict[str, Any]) -> None:
     """A val or tokens set: what its path names, with the checks data.path gets (launcher/checks/input_checks.py)."""
     from launcher.checks.input_checks import check_source
-    from train.data.spec import resolve
 
     key, seq_len = f"eval.sets.{name}", int(cfg.data.seq_len)
-    split = "val" if entry["kind"] == "val" else "train"
-    spec = resolve(str(entry["path"]), f"{key}.path", str(cfg.data.dtype), split=split)
+    spec = set_spec(cfg, name, entry)
     if entry["kind"] == "val":
         if spec.manifest is None:
             raise ConfigError(f"{key}.path={entry['path']} is not a prepared directory, so it has no validation "
@@ -169,7 +176,7 @@ def _check_tokens(cfg: Any, name: str, entry: dict[str, Any]) -> None:
 def repeat_warning(name: str, samples: int, batches: int, global_batch: int) -> str | None:
     """The words for a set smaller than one pass (None when it is not): a pass reads global sample indices
     [0, batches x global_batch) round-robin, so some samples are read twice and weigh double in the loss. Said by
-    the ranks at the first pass, and meant for the launch plan too (torch-free)."""
+    the ranks at the first pass, and by the launch plan (launcher/plan/launch_plan.py eval_set_warnings)."""
     per_pass = batches * global_batch
     if samples >= per_pass:
         return None
