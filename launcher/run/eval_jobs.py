@@ -60,11 +60,6 @@ def check_eval_jobs(cfg: DictConfig, global_batch: int, cluster_tasks: int) -> N
         raise ConfigError(f"the evaluation job's {world} ranks (eval.job_nodes x eval.job_tasks_per_node) are "
                           f"not a multiple of parallel.tp x parallel.pp = {model_parallel}: set "
                           f"eval.job_tasks_per_node to a multiple of {model_parallel}")
-    trained_on = int(cfg.cluster.nodes) * cluster_tasks
-    if cfg.strategy.backend == "deepspeed" and world != trained_on:
-        raise ConfigError(f"strategy={cfg.strategy.name} checkpoints load only on the {trained_on} ranks that write "
-                          f"them and the evaluation job has {world}: set eval.job_nodes x eval.job_tasks_per_node to "
-                          f"{trained_on} ranks, or train with a DCP strategy (ddp, fsdp, fsdp_grad_op, hsdp)")
     per_step = int(cfg.trainer.micro_batch_size) * (world // model_parallel)
     if global_batch % per_step:
         raise ConfigError(f"the evaluation job's {world // model_parallel} data-parallel ranks x "
