@@ -5,6 +5,9 @@ PYTEST ?= $(PYTHON) -m pytest
 # Torch first and pinned: on these machines 2.13.0 is a CPU wheel already on disk; an unpinned torch would pull
 # several GB of CUDA packages. Override on a GPU box: make install TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
+# pytest-xdist workers for `make test`: a test file is one unit of work and the slurm tier one unit (tests/conftest.py).
+# Two fill the idle time of the slurm tier's scheduling and of single-threaded unit tests on a 2-core machine.
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-unit test-dist test-slurm test-gpu lint bench bench-quick slurm-install slurm-up slurm-down clean
@@ -18,7 +21,7 @@ install: ## install slurmtrain (editable) with its dev, deepspeed and hf extras
 	$(PIP) install --config-settings editable_mode=compat -e '.[dev,deepspeed,hf]'
 
 test: ## run every test tier this machine supports (unit, dist, slurm when `make slurm-up` ran, gpu with CUDA)
-	$(PYTEST) tests -q --durations=40
+	$(PYTEST) tests -q --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-unit: ## fast unit tests
 	$(PYTEST) tests/unit -q

@@ -77,7 +77,25 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# `make test` runs the tiers on pytest-xdist workers (--dist loadgroup): a test file is one unit of work (its
+# module-scoped set-up runs once), and the slurm tier is one unit, in order, since its tests share the cluster's three
+# nodes. The slurm unit goes first, being the longest, and the dist files before the unit files, so that the short
+# unit files fill the end.
+TIER_ORDER = {"slurm": 0, "dist": 1, "gpu": 2, "unit": 3}
+
+
+def _work_unit(item: pytest.Item) -> tuple[int, str]:
+    path = item.nodeid.split("::")[0]
+    tier = Path(path).parent.name
+    return TIER_ORDER.get(tier, len(TIER_ORDER)), "slurm" if tier == "slurm" else path
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    units = {id(item): _work_unit(item) for item in items}
+    items.sort(key=lambda item: units[id(item)][0])  # stable: each file keeps its order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(units[id(item)][1]))
     need_slurm = any("slurm" in item.keywords for item in items)
     has_slurm = slurm_available() if need_slurm else False
     has_cuda = cuda_available() if any("gpu" in item.keywords for item in items) else False

@@ -64,3 +64,10 @@ def preempt_and_release(job_id: str, run_dir: Path) -> str:
     poll(lambda: squeue_state(job_id) == "PENDING", 120, "the job to be requeued")
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
     return wait_terminal(job_id, timeout=300)
+
+
+def assert_on_two_nodes(log: str) -> None:
+    """The job's ranks said they run on two distinct nodes (whichever two of n1-n3 SLURM gave it: a job of an
+    earlier test may still hold one)."""
+    found = re.search(r"world of 2 ranks on 2 host\(s\): (n\d), (n\d)", log)
+    assert found and found.group(1) != found.group(2), log[-3000:]
