@@ -48,6 +48,16 @@ def test_the_stop_advice_without_a_checkpoint_says_so_and_starts_over(tmp_path: 
     assert not any(a.startswith("model.init_from=") for a in args)
 
 
+def test_starting_over_keeps_the_weights_the_run_started_from(tmp_path: Path) -> None:
+    """A fine-tuning run that diverged before its first good checkpoint starts over from the same weights."""
+    (tmp_path / "command.txt").write_text(COMMAND.strip() + " model.init_from=/w/base\n")
+    line = stop_advice(tmp_path, good=None, lr=0.1, run_name="a")
+    args = _args(line, "with a lower learning rate: ")
+    assert "model.init_from=/w/base" in args and "optim.lr=0.05" in args and "run.overwrite=true" in args
+    assert [a.split("=")[0] for a in args].count("optim.lr") == 1
+    assert "from before the trouble" in line
+
+
 def _timed_rows(steps: list[int], loss: float = 2.0) -> str:
     return "".join(json.dumps({"step": s, "loss": loss, "step_time_s": 1.0}) + "\n" for s in steps)
 

@@ -17,13 +17,13 @@ from train import ckpt_layout as layout
 REPLACED = ("optim.lr", "run.name", "model.init_from", "run.overwrite", "run.resume")
 
 
-def launch_command(run_dir: Path) -> str:
+def launch_command(run_dir: Path, replaced: tuple[str, ...] = REPLACED) -> str:
     """The run's last launch (RUN_DIR/command.txt) without the keys the advice sets; a placeholder for the overrides
     when it was started by hand (an sbatch script)."""
     try:
         lines = [line for line in (Path(run_dir) / "command.txt").read_text().splitlines() if line.strip()]
         if lines:
-            return shlex.join(_without(shlex.split(lines[-1]), REPLACED))
+            return shlex.join(_without(shlex.split(lines[-1]), replaced))
     except (OSError, ValueError):
         pass
     return f"python -m launcher <your overrides> {shlex.quote(f'run.root={Path(run_dir).parent}')}"
@@ -37,11 +37,13 @@ def stop_advice(run_dir: Path, good: int | None, lr: float, run_name: str) -> st
     """What to do after a stop: the last good checkpoint and a command from it at half the rate, or, with none,
     that nothing was checkpointed and the command that starts over at half the rate."""
     lower = f"{lr / 2:g}"
-    base = launch_command(run_dir)
     if good is None:
+        # The same run over: from the weights it started from (a run that fine-tunes keeps its model.init_from).
+        base = launch_command(run_dir, tuple(k for k in REPLACED if k != "model.init_from"))
         cmd = f"{base} " + shlex.join([f"run.name={run_name}", f"optim.lr={lower}", "run.overwrite=true"])
-        return (f"nothing was checkpointed before it (no complete checkpoint in {run_dir}). To start over with a lower "
-                f"learning rate: {cmd}")
+        return (f"nothing was checkpointed before it (no complete checkpoint from before the trouble in {run_dir}). To "
+                f"start over with a lower learning rate: {cmd}")
+    base = launch_command(run_dir)
     path = layout.step_dir(run_dir, good)
     cmd = f"{base} " + shlex.join([f"model.init_from={path}", f"run.name={run_name}-lr{lower}", f"optim.lr={lower}"])
     return (f"nothing was checkpointed after the stop; the last good checkpoint (before the trouble) is step {good} "
