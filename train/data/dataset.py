@@ -32,16 +32,18 @@ class DatasetSource:
         return self.dataset[int(self.order(np.asarray([index]))[0])]
 
 
-def build_dataset_source(data_cfg: Any, index_version: int = INDEX_VERSION) -> DatasetSource:
-    """data._target_ instantiated with data.args; its first sample must hold data.seq_len (+1) tokens."""
+def build_dataset_source(data_cfg: Any, index_version: int = INDEX_VERSION,
+                         key: str = "data._target_") -> DatasetSource:
+    """data._target_ instantiated with data.args; its first sample must hold data.seq_len (+1) tokens. `key`: the
+    config key errors name (an evaluation set's own, eval.sets.NAME._target_)."""
     from train.build import instantiate
 
-    source = DatasetSource(instantiate("data._target_", data_cfg._target_, data_cfg.args), data_cfg.seed,
+    source = DatasetSource(instantiate(key, data_cfg._target_, data_cfg.args), data_cfg.seed,
                            data_cfg.shuffle, index_version)
     inputs, _ = split_sample(source.sample(0))
     if inputs.dim() == 1 and not inputs.is_floating_point() and len(inputs) != data_cfg.seq_len:
         # Tokens per step (throughput, MFU, the plan) are counted with data.seq_len: they must agree.
-        raise ConfigError(f"data._target_={data_cfg._target_} gives samples of {len(inputs)} input tokens but "
+        raise ConfigError(f"{key}={data_cfg._target_} gives samples of {len(inputs)} input tokens but "
                           f"data.seq_len={data_cfg.seq_len}: a sample holds seq_len + 1 tokens (inputs and the "
                           f"shifted targets; a dict's input_ids too), so make the dataset return "
                           f"{data_cfg.seq_len + 1} or set data.seq_len={len(inputs)}")

@@ -39,7 +39,7 @@ class HeldOut:
         return self.source.sample_batch([HELD_OUT_START + int(i) for i in indices])
 
 
-def build_set_source(cfg: Any, entry: dict[str, Any]) -> Any:
+def build_set_source(cfg: Any, entry: dict[str, Any], name: str = "") -> Any:
     """A TokenSource over one resolved set (train/evaluation/sets.py), read in order."""
     from omegaconf import OmegaConf
 
@@ -54,7 +54,8 @@ def build_set_source(cfg: Any, entry: dict[str, Any]) -> Any:
 
         return build_dataset_source(OmegaConf.create({"_target_": entry["_target_"], "args": entry.get("args") or {},
                                                      "seed": int(data.seed), "shuffle": False,
-                                                     "seq_len": int(data.seq_len)}))
+                                                     "seq_len": int(data.seq_len)}),
+                                    key=f"eval.sets.{name}._target_")
     one = OmegaConf.create({"name": "tokens", "path": str(entry["path"]), "dtype": str(data.dtype),
                             "seq_len": int(data.seq_len), "seed": int(data.seed), "shuffle": False, "sources": {}})
     if kind == "val":
@@ -76,7 +77,7 @@ class Validator:
         self.at_start = bool(eval_section(cfg).at_start) if active else False
         self.max_steps = int(cfg.trainer.max_steps)
         self.strategy, self.device = strategy, device
-        self.sets = {name: build_set_source(cfg, entry) for name, entry in resolved_sets(cfg, on_ranks=True).items()
+        self.sets = {name: build_set_source(cfg, entry, name) for name, entry in resolved_sets(cfg, on_ranks=True).items()
                      } if active else {}
         t = cfg.trainer
         self.batches = int(eval_section(cfg).batches) if active else 0
