@@ -11,13 +11,14 @@ import dataclasses
 import difflib
 import functools
 import math
+import types
 import typing
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher import schema
-from launcher.checks.overrides import override_key, typed_for
+from launcher.checks.overrides import override_key, typed, typed_for
 from launcher.errors import ConfigError
 from train.schedules import DECAY_SHAPES, SCHEDULES
 
@@ -238,10 +239,42 @@ def check_choices(cfg: DictConfig) -> None:
 
 
 def check_keys(cfg: DictConfig) -> None:
-    """Unknown keys, numeric ranges and enumerated values; raises ConfigError naming the key and the fix."""
+    """Unknown keys, numeric ranges, enumerated values and typed switches; raises ConfigError naming the key and the
+    fix."""
     _unknown(cfg, schema.Config, "")
     _ranges(cfg, schema.Config, "")
     check_choices(cfg)
+    check_typed_switches()
+
+
+# What a typed true/false key may be given: OmegaConf also takes any integer (stability.enabled=2 is true), which
+# reads as a count or a mistake rather than a switch.
+SWITCH_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0", "null"}  # null: the optional ones
+
+
+@functools.cache
+def bool_keys(cls: type = schema.Config, prefix: str = "") -> frozenset[str]:
+    """Every key the schema declares as true/false."""
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        hint = _hints(cls)[f.name]
+        sub = _section_type(hint)
+        if sub is not None:
+            out |= bool_keys(sub, f"{prefix}{f.name}.")
+        elif hint is bool or (typing.get_origin(hint) in (typing.Union, types.UnionType)
+                              and bool in typing.get_args(hint)):
+            out.add(f"{prefix}{f.name}")
+    return frozenset(out)
+
+
+def check_typed_switches() -> None:
+    """A true/false key typed with another value (a number) is refused rather than read as true."""
+    for override in typed():
+        if "=" not in override:
+            continue
+        key, value = override_key(override), override.split("=", 1)[1].strip().strip("'\"")
+        if key in bool_keys() and value.lower() not in SWITCH_WORDS:
+            raise ConfigError(f"{key}={value} is not true or false: set {key}=true or {key}=false")
 
 
 def numeric_keys_without_range() -> list[str]:

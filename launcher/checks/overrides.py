@@ -39,3 +39,8 @@ def typed_for(key: str) -> str | None:
         if key.startswith(f"{name}.") and "=" in override and not override.split("=", 1)[1].isidentifier():
             return override  # a whole section given as a value: +trainer={...}
     return None
+
+
+def typed() -> tuple[str, ...]:
+    """Every override typed for the config being checked."""
+    return _typed
