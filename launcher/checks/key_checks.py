@@ -192,7 +192,8 @@ def _check_value(name: str, value: Any, bounds: tuple[Any, ...]) -> None:
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if not _in_range(value, *bounds):
-        raise ConfigError(f"{name}={value!r} is out of range: set {name} to a value {_describe(*bounds)}")
+        finite = "a finite value" if isinstance(value, float) and not math.isfinite(value) else "a value"
+        raise ConfigError(f"{name}={value!r} is out of range: set {name} to {finite} {_describe(*bounds)}")
 
 
 def _ranges(node: DictConfig, cls: type, prefix: str) -> None:

@@ -45,7 +45,7 @@ CASES = [
     Case("lr-negative", ("optim.lr=-1",), "optim.lr=-1.0 is out of range: set optim.lr to a value above 0"),
     Case("beta2-one", ("optim.beta2=1.0",), "set optim.beta2 to a value in [0, 1)"),
     Case("seed-negative", ("trainer.seed=-3",), "set trainer.seed to a value in [0, 4294967295]"),
-    Case("dropout-nan", ("model.dropout=nan",), "set model.dropout to a value in [0, 1)"),
+    Case("dropout-nan", ("model.dropout=nan",), "set model.dropout to a finite value in [0, 1)"),
     Case("max-steps-zero", ("trainer.max_steps=0",), "set trainer.max_steps to a value at least 1"),
     Case("watchdog-factor", ("watchdog.factor=0.5",), "set watchdog.factor to a value at least 1"),
     Case("global-batch", ("trainer.global_batch_size=20", "local.nproc=2"), "pick a global batch that is a multiple "
@@ -122,7 +122,7 @@ CASES = [
     Case("sweep-name", ("-m", "trainer.seed=1,2", "launcher.sweep_name=a/b"), "launcher.sweep_name"),
     Case("sweep-same-dir", ("-m", "trainer.seed=1,2", "run.name=same"), "same"),
     Case("free-form-key", (*BYO, "model=conv_lm", "model.args.width=3"), "add it with +model.args.width=3"),
-    Case("lr-infinite", ("optim.lr=inf",), "optim.lr=inf is out of range: set optim.lr to a value above 0"),
+    Case("lr-infinite", ("optim.lr=inf",), "optim.lr=inf is out of range: set optim.lr to a finite value above 0"),
     Case("precision-name", ("precision.name=bf16",), "choose the group, precision=bf16"),
     Case("local-nccl", ("local.backend=nccl",), "local.backend=nccl needs GPUs and this machine has none"),
     Case("tilde-path", ("data=tokens", "data.path=~/x.bin"), "quote a path that starts with ~"),
