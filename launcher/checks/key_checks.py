@@ -274,7 +274,7 @@ def check_typed_switches() -> None:
         if "=" not in override:
             continue
         key, value = override_key(override), override.split("=", 1)[1].strip().strip("'\"")
-        if key in bool_keys() and value.lower() not in SWITCH_WORDS:
+        if key in bool_keys() and value.lower() not in SWITCH_WORDS and "${" not in value:  # ${...}: resolved later
             raise ConfigError(f"{key}={value} is not true or false: set {key}=true or {key}=false")
 
 

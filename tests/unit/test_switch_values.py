@@ -18,7 +18,7 @@ def test_a_number_for_a_switch_is_refused_naming_both_words(override: str) -> No
     assert str(err.value) == f"{key}={override.split('=')[1]} is not true or false: set {key}=true or {key}=false"
 
 
-@pytest.mark.parametrize("value", ["true", "False", "yes", "off", "1", "0", "'true'"])
+@pytest.mark.parametrize("value", ["true", "False", "yes", "off", "1", "0", "'true'", "${oc.env:WAIT,true}"])
 def test_the_words_a_switch_takes_pass(value: str) -> None:
     with typed_as([f"stability.enabled={value}", "trainer.max_steps=2"]):
         check_typed_switches()
