@@ -108,7 +108,7 @@ class StepVerdict:
             if self.fp16:
                 return self._scaler_code(norm)
             return torch.isfinite(norm).logical_not_().float()
-        shared = loss.value() if isinstance(loss, SharedLoss) else global_mean(loss.detach().float(), self.world_size)
+        shared = (loss if isinstance(loss, SharedLoss) else SharedLoss(loss.detach().float(), self.world_size)).value()
         values = torch.stack([shared, norm.float()])
         bad = ~torch.isfinite(values).all()
         spike = self.spike(values, bad)
@@ -143,15 +143,6 @@ class SharedLoss:
             self.work = None
             self.sum /= self.world_size
         return self.sum
-
-
-def global_mean(value: torch.Tensor, world_size: int) -> torch.Tensor:
-    """The mean over all ranks, on the device (no host sync on NCCL)."""
-    if world_size > 1 and dist.is_initialized():
-        value = value.clone()
-        dist.all_reduce(value)
-        value /= world_size
-    return value
 
 
 def skip_flag(code: torch.Tensor) -> torch.Tensor:
