@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-dist test-slurm test-gpu lint bench bench-quick slurm-install slurm-up slurm-down clean
+.PHONY: help install test test-unit test-dist test-slurm test-gpu gpu-check lint bench bench-quick slurm-install slurm-up slurm-down clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ test-slurm: ## tests against the local SLURM cluster (run `make slurm-up` first)
 
 test-gpu: ## CUDA tests (skipped without a GPU)
 	$(PYTEST) tests/gpu -q
+
+gpu-check: ## on a lent GPU, under 8 min: test-gpu, loop_overhead's GPU arm (MFU, tokens/s vs bare loop), memory estimate vs peak; bench/results/gpu/DATE_DEVICE/
+	$(PYTHON) -m bench.gpu_check
 
 lint: ## ruff and mypy
 	$(PYTHON) -m ruff check launcher train tests bench
