@@ -24,6 +24,16 @@ def num(default: Any, lo: float | None = None, hi: float | None = None, *, lo_op
     return field(default=default, metadata={"range": (lo, hi, lo_open, hi_open)})
 
 
+def path_key(default: str | None = None, *, each: str = "") -> Any:
+    """A key naming a file, a directory or a glob (each="path": a dict whose every entry names one under that key,
+    data.sources.NAME.path). Made absolute at launch, `~` expanded, against the directory the launcher runs in
+    (launcher/plan/paths.py): config.yaml holds absolute paths that the ranks, evaluation jobs, launcher.sample and
+    export read from any directory, and the derived run name hashes them."""
+    if each:
+        return field(default_factory=dict, metadata={"path": each})
+    return field(default=default, metadata={"path": ""})
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING
@@ -54,11 +64,11 @@ class ModelConfig:
     # no blocks and is trained as one unit.
     block: str | None = None
     # model=hf_causal_lm: a local Hugging Face config.json (or the directory holding it); nothing is downloaded.
-    config_path: str | None = None
+    config_path: str | None = path_key()
     # Start from saved weights (fine-tuning, continued pretraining): a safetensors file or directory, a Hugging Face
     # model directory, a run directory (its newest complete checkpoint) or RUN/checkpoints/step_N. Only the weights:
     # the optimizer, schedule and data start fresh; applied at a run's first start only (train/init_weights.py).
-    init_from: str | None = None
+    init_from: str | None = path_key()
 
 
 @dataclass
@@ -71,12 +81,12 @@ class DataConfig:
     signal: float = num(0.9, 0, 1)
     # tokens: a flat binary file of token ids (numpy memmap), a prepared directory (python -m launcher.prepare; its
     # manifest sets the dtype and the vocabulary) or a glob of token files read as one stream.
-    path: str | None = None
+    path: str | None = path_key()
     dtype: str = "uint16"
     shuffle: bool = True
     # tokens: a mixture instead of one path, data.sources.NAME.path=... data.sources.NAME.weight=0.7 (train/data/
     # mixture.py): which source and window a sample reads is a pure function of its index, the weights and the seed.
-    sources: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, Any] = path_key(each="path")
     # A checkpoint records the fingerprint of the data it was trained on; resuming on other data (another file,
     # changed contents, other sources or weights) is refused unless this is true. Not a training setting.
     allow_changed: bool = False
@@ -190,7 +200,7 @@ class TrainerConfig:
 
 @dataclass
 class RunConfig:
-    root: str = "outputs"
+    root: str = path_key("outputs")
     # None: derived from the config (model, strategy, precision and a hash of the training settings), so the
     # same command lands in the same run directory.
     name: str | None = None
@@ -345,7 +355,7 @@ class EvalConfig:
     at_start: bool = False
     # Named sets, eval.sets.NAME.kind=val|tokens|synthetic|dataset (train/evaluation/sets.py); none named: one
     # set "val", the prepared data's validation split or the synthetic stream's held-out samples.
-    sets: dict[str, Any] = field(default_factory=dict)
+    sets: dict[str, Any] = path_key(each="path")
     # Evaluate each checkpoint (every trainer.ckpt_every steps, and the last) in a SLURM job of its own instead of in
     # the loop (launcher/run/eval_jobs.py, train/evaluation/job.py); needs +cluster. Training never waits for it. The
     # job's resources; None: the cluster's (ranks per node, partition, qos, time limit).

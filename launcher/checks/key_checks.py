@@ -268,6 +268,20 @@ def bool_keys(cls: type = schema.Config, prefix: str = "") -> frozenset[str]:
     return frozenset(out)
 
 
+@functools.cache
+def path_keys(cls: type = schema.Config, prefix: str = "") -> tuple[tuple[str, str], ...]:
+    """Every key the schema declares as a path (schema.path_key), with the key inside each of its entries ("" for a
+    key that is itself the path): (data.path, ""), (data.sources, path), ..."""
+    out: list[tuple[str, str]] = []
+    for f in dataclasses.fields(cls):
+        sub = _section_type(_hints(cls)[f.name])
+        if sub is not None:
+            out += path_keys(sub, f"{prefix}{f.name}.")
+        elif "path" in f.metadata:
+            out.append((f"{prefix}{f.name}", f.metadata["path"]))
+    return tuple(out)
+
+
 def check_typed_switches() -> None:
     """A true/false key typed with another value (a number) is refused rather than read as true."""
     for override in typed():

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.checks.hydra_errors import yaml_syntax
 from launcher.errors import ConfigError
+from launcher.plan.paths import make_absolute
 from launcher.plan.run_name import training_settings
 from launcher.run.rundir_paths import check_writable
 from train import ckpt_layout as layout
@@ -134,6 +135,7 @@ def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
         check_data_unchanged(cfg, run_dir)
         return
     old = _load_saved(existing, run_dir)
+    make_absolute(old)  # a config.yaml written before paths were made absolute at launch: as the same command reads them
     changes = changed_settings(old, cfg)
     if cfg.data.get("allow_changed"):
         changes = [c for c in changes if not _data_choice(c[0])]

@@ -33,8 +33,8 @@ from launcher.plan.parallel import (
     not_built,
     summary_lines,
 )
+from launcher.plan.paths import make_absolute, run_name
 from launcher.plan.probe import needs_probe, probe
-from launcher.plan.run_name import derived_run_name
 from launcher.plan.world import has_gpus, local_gpu_count, tasks_per_node, world_size
 from launcher.run.eval_jobs import check_eval_jobs, jobs_enabled
 from train.evaluation.sets import check_eval, repeat_warning, resolved_sets, set_spec
@@ -245,6 +245,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     """Validate cfg and fill in the derived values in place (world size, accumulation, run name)."""
     check_keys(cfg)
     settle_names(cfg)
+    typed_paths = make_absolute(cfg)  # before anything reads a path, and before the run name hashes them
     if cfg.cluster is not None:
         validate_cluster(cfg)
     world = world_size(cfg)
@@ -295,7 +296,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         if cfg.cluster is None:
             cfg.local.nproc = world
         if not cfg.run.name:
-            cfg.run.name = derived_run_name(cfg)
+            cfg.run.name = run_name(cfg, typed_paths)
     if "/" in cfg.run.name or cfg.run.name in (".", ".."):
         raise ConfigError(f"run.name={cfg.run.name!r} must be a plain directory name: drop the slashes")
     return Plan(

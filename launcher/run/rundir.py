@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -77,6 +78,12 @@ def config_yaml(container: dict[str, Any]) -> str:
                          sort_keys=False))
 
 
+def replay_command(args: list[str]) -> str:
+    """`cd LAUNCH_DIR && PYTHON -m launcher ARGS`: what was typed, where it was typed (relative paths in ARGS, a
+    --config-dir and the user's own modules are the launch directory's), so that it replays from anywhere."""
+    return f"cd {shlex.quote(os.getcwd())} && " + shlex.join([sys.executable, "-m", "launcher", *args])
+
+
 def prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None = None, plan: Plan | None = None) -> Path:
     check_writable(run_dir)  # before run.overwrite deletes anything
     try:
@@ -103,10 +110,10 @@ def _prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None, plan: Plan 
     saved["run"].update(resume=True, overwrite=False)
     config_path.write_text(config_yaml(saved))
     argv = sys.argv if argv is None else argv
-    command = shlex.join([sys.executable, "-m", "launcher", *argv[1:]])
     with (run_dir / "command.txt").open("a") as f:
-        f.write(command + "\n")
-    info = {"python": sys.version.split()[0], "packages": _versions(), "git_revision": _git_revision()}
+        f.write(replay_command(argv[1:]) + "\n")
+    info = {"python": sys.version.split()[0], "packages": _versions(), "git_revision": _git_revision(),
+            "launch_dir": os.getcwd()}
     (run_dir / "environment.json").write_text(json.dumps(info, indent=2) + "\n")
     if plan is not None:
         write_plan(run_dir, plan)

@@ -157,8 +157,7 @@ def swept_keys(task_overrides: Sequence[str]) -> list[str]:
 def record(sweep_dir: Path, points: list[PointRun], swept: list[str]) -> Sweep:
     """The sweep directory's record, merged with what an earlier run of the same sweep (or an earlier batch of
     this one, with hydra.sweeper.max_batch_size) recorded."""
-    command = shlex.join([sys.executable, "-m", "launcher", *sys.argv[1:]])
-    sweep = Sweep(name=sweep_dir.name, command=command, swept=swept,
+    sweep = Sweep(name=sweep_dir.name, command=rundir.replay_command(sys.argv[1:]), swept=swept,
                   points=[p.point for p in points])
     if (sweep_dir / "sweep.json").is_file():
         old = load_sweep(sweep_dir)

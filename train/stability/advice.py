@@ -18,12 +18,15 @@ REPLACED = ("optim.lr", "run.name", "model.init_from", "run.overwrite", "run.res
 
 
 def launch_command(run_dir: Path, replaced: tuple[str, ...] = REPLACED) -> str:
-    """The run's last launch (RUN_DIR/command.txt) without the keys the advice sets; a placeholder for the overrides
-    when it was started by hand (an sbatch script)."""
+    """The run's last launch (RUN_DIR/command.txt; a `cd LAUNCH_DIR &&` before it is kept) without the keys the
+    advice sets; a placeholder for the overrides when it was started by hand (an sbatch script)."""
     try:
         lines = [line for line in (Path(run_dir) / "command.txt").read_text().splitlines() if line.strip()]
         if lines:
-            return shlex.join(_without(shlex.split(lines[-1]), replaced))
+            words = shlex.split(lines[-1])
+            cut = words.index("&&") + 1 if "&&" in words else 0
+            prefix = f"{shlex.join(words[:cut - 1])} && " if cut else ""
+            return prefix + shlex.join(_without(words[cut:], replaced))
     except (OSError, ValueError):
         pass
     return f"python -m launcher <your overrides> {shlex.quote(f'run.root={Path(run_dir).parent}')}"
