@@ -1,8 +1,9 @@
-"""`python -m launcher.prepare`: a corpus (text, JSON Lines, Parquet; .gz/.zst) -> a prepared dataset directory.
+"""`python -m launcher.prepare`: a corpus (text, JSON Lines, Parquet; compressed too) -> a prepared dataset.
 
   __main__.py   the command line: parse, check, then run locally or submit to SLURM
   manifest.py   the on-disk format (manifest.json, shards): the one reader and writer, shared with train/
-  inputs.py     finding input files (files, directories, globs) and reading their documents
+  inputs.py     finding input files (files, directories, globs) and reading their documents (binary skipped)
+  filters.py    --include / --exclude: which files found in a directory are chosen
   tokenizer.py  loading a tokenizer (a local tokenizer.json or `bytes`) and its end-of-document id
   plan.py       the preparation's identity and its tasks (deterministic groups of input files)
   shards.py     one task: read, split, tokenize, write its shards atomically, then its completion record

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
+from launcher.prepare.inputs import ENCODING_ERRORS
 from launcher.prepare.manifest import Manifest
 from launcher.prepare.plan import DEFAULT_TASK_MB, DEFAULT_VAL_FRACTION, Options, Plan, make_plan
-from launcher.prepare.run import AUTO_MB_PER_WORKER, cpu_count
+from launcher.prepare.run import AUTO_MB_PER_WORKER, cpu_count, skipped_line
 
 EXIT_INTERRUPTED = 130
 
@@ -37,7 +38,32 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="INPUT",
         help="files, directories (searched recursively) or globs: text, JSON Lines (.jsonl/.ndjson/"
-        ".json) or Parquet (.parquet); .gz and .zst are read as they are",
+        ".json) or Parquet (.parquet); .gz, .zst, .bz2 and .xz are read as they are; binary files found in a "
+        "directory or by a glob are skipped (one named is refused)",
+    )
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="read only the files found in a directory (or by a glob) whose path under it matches GLOB, as in "
+        ".gitignore: '*.py' at any depth, 'src/**/*.md', 'docs/' (repeatable: any of them)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="leave out the files found whose path under their directory matches GLOB (repeatable; wins over "
+        "--include); files named one by one are never filtered",
+    )
+    p.add_argument(
+        "--encoding-errors",
+        choices=ENCODING_ERRORS,
+        default=None,
+        help="text that is not UTF-8: strict (refuse it, naming the file and the fix), skip (leave the whole "
+        "file out, counted in the summary and the manifest) or replace (with U+FFFD); default: skip for files "
+        "found in a directory or by a glob, strict for files named one by one",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="the prepared dataset directory")
     p.add_argument(
@@ -151,9 +177,11 @@ def _summary(manifest: Manifest, plan: Plan, written: int) -> str:
         how = f"{written} of {_count(total, 'task')} written, the others were complete"
     else:
         how = _count(total, "task")
+    skipped = skipped_line(manifest)
     return (
         f"prepared {plan.out}: {', '.join(parts)}; {how}\n"
         f"tokenizer {plan.tokenizer.describe()}; dtype {manifest.dtype}; fingerprint {manifest.fingerprint}"
+        + (f"\n{skipped}" if skipped else "")
     )
 
 
@@ -167,9 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         _check_options(args)
         out = Path(args.out).expanduser().resolve()
         options = Options(
-            args.text_field, args.text_per_line, args.val_fraction, args.split_seed, args.task_mb
+            text_field=args.text_field,
+            text_per_line=args.text_per_line,
+            val_fraction=args.val_fraction,
+            split_seed=args.split_seed,
+            task_mb=args.task_mb,
+            include=tuple(args.include),
+            exclude=tuple(args.exclude),
+            encoding_errors=args.encoding_errors,
         )
-        inputs = resolve_inputs(args.inputs, exclude=out)
+        inputs = resolve_inputs(args.inputs, out, options.filters)
         tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
         check_columns(inputs, options.read)
         plan = make_plan(out, tokenizer, options, inputs)

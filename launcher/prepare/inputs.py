@@ -1,50 +1,85 @@
 """Input files: finding them (files, directories, globs) and reading their documents.
 
-Formats by extension, after a `.gz` or `.zst` suffix is taken off (compressed files are read as they are):
+Formats by extension, after a `.gz`, `.zst`, `.bz2` or `.xz` suffix is taken off (compressed files are read as
+they are):
   .jsonl .ndjson .json   JSON Lines: one object per line, the document in the field `--text-field`
   .parquet               Parquet: the document in the column `--text-field` (compressed inside; no .gz/.zst)
   anything else          UTF-8 text: the whole file one document, or one per line with `--text-per-line`
 Empty documents (and blank lines in the line formats) are skipped: they would be only an end-of-document id.
+
+A corpus is taken as it comes, the way tools that read trees do (git, ripgrep): a file found in a directory or by
+a glob that is binary (a NUL byte in its first block, once decompressed, or compressed without the suffix that
+says so) is skipped, and so, by default, is one that is not UTF-8 text; a file named one by one is refused
+instead. `--encoding-errors strict|skip|replace` sets the second for every file. A skipped file raises Skipped
+before its first document, so that a file is read whole or not at all.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import io
 import json
 import os
+import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
 from launcher.errors import ConfigError
+from launcher.prepare.filters import Filters
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet",)
-COMPRESSIONS = {".gz": "gz", ".zst": "zst"}
+COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".bz2": "bz2", ".xz": "xz"}
+# How each compression's stream starts (bzip2: "BZh", a block size, then the block magic, pi's digits in BCD).
+MAGIC = {
+    "gz": re.compile(rb"\x1f\x8b"),
+    "zst": re.compile(rb"\x28\xb5\x2f\xfd"),
+    "bz2": re.compile(rb"BZh[1-9]1AY&SY"),
+    "xz": re.compile(rb"\xfd7zXZ\x00"),
+}
+SNIFF_BYTES = 8000  # the first block git and ripgrep look at for a NUL byte
 _GLOB_CHARS = set("*?[")
 SKIPPED_DIRS = {"__pycache__"}  # Python's byte code beside the sources of a code corpus
+ENCODING_ERRORS = ("strict", "skip", "replace")
+BINARY, NOT_UTF8 = "binary", "not_utf8"  # why a file was skipped
+REASONS = {BINARY: "binary", NOT_UTF8: "not UTF-8"}  # ... in words
 
 
 class BadInput(ConfigError):
     """An input file that cannot be read as its format says: names the file (and line) and the fix."""
 
 
+class Skipped(Exception):
+    """A file that is not read (raised before its first document): `reason` is BINARY or NOT_UTF8."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class InputFile:
     path: str  # absolute
     kind: str  # "text" | "jsonl" | "parquet"
-    compression: str | None  # None | "gz" | "zst"
+    compression: str | None  # None | "gz" | "zst" | "bz2" | "xz"
     bytes: int
     mtime_ns: int
+    named: bool = True  # named one by one (False: found in a directory or by a glob)
 
 
 @dataclass(frozen=True)
 class ReadOptions:
     text_field: str = "text"
     text_per_line: bool = False
+    encoding_errors: str | None = None  # None: strict for a file named one by one, skip for one found
+
+    def errors_for(self, file: InputFile) -> str:
+        return self.encoding_errors or ("strict" if file.named else "skip")
 
 
 def format_of(path: str) -> tuple[str, str | None]:
@@ -61,26 +96,36 @@ def format_of(path: str) -> tuple[str, str | None]:
     return "text", compression
 
 
-def resolve_inputs(specs: list[str], exclude: Path | None = None) -> list[InputFile]:
+def resolve_inputs(
+    specs: list[str], out: Path | None = None, filters: Filters | None = None
+) -> list[InputFile]:
     """Every input file named by `specs` (files, directories searched recursively, globs), sorted by path and
-    without repeats. Hidden files and directories (a name starting with '.') and __pycache__ inside a directory are
-    skipped, and so is everything under `exclude` (the output directory, when it lies inside an input directory)."""
-    found: set[Path] = set()
+    without repeats. The files found in a directory or by a glob are those `filters` choose (on the path under that
+    directory, or under the glob's leading directory); hidden files and directories (a name starting with '.') and
+    __pycache__ inside a directory are left out, and so is everything under `out` (the output directory, when it
+    lies inside an input directory). A binary file named one by one is refused."""
+    filters = filters or Filters()
+    found: dict[Path, bool] = {}  # path -> named one by one (a file both named and found counts as named)
+    searched = False
     for spec in specs:
         path = Path(spec).expanduser()
         if path.is_dir():
-            found.update(_walk(path))
+            searched = True
+            found.update((p, found.get(p, False)) for p in _walk(path, path, filters))
         elif path.is_file():
-            found.add(path)
+            found[path] = True
         elif _GLOB_CHARS & set(spec):
+            searched = True
             matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
             if not matches:
                 raise ConfigError(
                     f"no file matches {spec!r}: check the pattern (quote it so that the shell "
                     f"does not expand it first)"
                 )
+            base = _glob_base(spec)
             for match in map(Path, matches):
-                found.update(_walk(match) if match.is_dir() else [match] if match.is_file() else [])
+                chosen = _walk(match, base, filters) if match.is_dir() else _chosen(match, base, filters)
+                found.update((p, found.get(p, False)) for p in chosen)
         elif path.exists():
             raise ConfigError(
                 f"input {spec} is not a regular file or directory: give text, JSON Lines or "
@@ -90,29 +135,53 @@ def resolve_inputs(specs: list[str], exclude: Path | None = None) -> list[InputF
             raise ConfigError(
                 f"input {spec} does not exist: check the path (files, directories and globs are accepted)"
             )
-    resolved = {p.resolve() for p in found}
-    if exclude is not None:
-        out = exclude.resolve()
-        resolved = {p for p in resolved if out != p and out not in p.parents}
-    if not resolved:
+    if filters and not searched:
         raise ConfigError(
-            f"no input files in {' '.join(specs)}: give text, JSON Lines or Parquet files, "
-            f"or directories holding them"
+            f"{filters.describe()} choose among the files found in directories or by globs, and every input "
+            f"here is a file named one by one: give a directory (or a glob), or leave the filters out"
         )
-    return [_describe(p) for p in sorted(resolved, key=str)]
+    resolved: dict[Path, bool] = {}
+    for path, named in found.items():
+        real = path.resolve()
+        resolved[real] = resolved.get(real, False) or named
+    if out is not None:
+        out = out.resolve()
+        resolved = {p: n for p, n in resolved.items() if out != p and out not in p.parents}
+    if not resolved:
+        chosen_by = f" chosen by {filters.describe()}" if filters else ""
+        raise ConfigError(
+            f"no input files{chosen_by} in {' '.join(specs)}: give text, JSON Lines or Parquet files, "
+            f"or directories holding them"
+            + (" (the globs match the path under each directory, e.g. '*.py' or 'src/**')" if filters else "")
+        )
+    return [_describe(p, resolved[p]) for p in sorted(resolved, key=str)]
 
 
-def _walk(root: Path) -> Iterator[Path]:
+def _glob_base(spec: str) -> Path:
+    """The directory a glob starts from: its leading parts without a wildcard."""
+    fixed = []
+    for part in Path(os.path.expanduser(spec)).parts:
+        if _GLOB_CHARS & set(part):
+            break
+        fixed.append(part)
+    return Path(*fixed) if fixed else Path()
+
+
+def _chosen(path: Path, base: Path, filters: Filters) -> list[Path]:
+    if not path.is_file():
+        return []
+    return [path] if not filters or filters.chooses(path.relative_to(base).as_posix()) else []
+
+
+def _walk(root: Path, base: Path, filters: Filters) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIPPED_DIRS)
         for name in filenames:
             if not name.startswith("."):
-                path = Path(dirpath) / name
-                if path.is_file():
-                    yield path
+                yield from _chosen(Path(dirpath) / name, base, filters)
 
 
-def _describe(path: Path) -> InputFile:
+def _describe(path: Path, named: bool) -> InputFile:
     kind, compression = format_of(str(path))
     if kind == "parquet" and compression:
         raise ConfigError(
@@ -127,7 +196,38 @@ def _describe(path: Path) -> InputFile:
         raise ConfigError(
             f"cannot read {path} ({err.strerror}): fix its permissions or leave it out"
         ) from None
-    return InputFile(str(path), kind, compression, st.st_size, st.st_mtime_ns)
+    file = InputFile(str(path), kind, compression, st.st_size, st.st_mtime_ns, named)
+    if named:  # refused before anything is written (a file found is skipped when its task reads it)
+        why = binary_why(file)
+        if why is not None:
+            raise _binary(file, why)
+    return file
+
+
+def binary_why(file: InputFile) -> str | None:
+    """Why the file is binary, in words, or None for text: the way git and ripgrep tell (a NUL byte in the first
+    block, here once decompressed), and compressed data that its name does not say is compressed."""
+    if file.kind == "parquet":
+        return None  # binary by design, read by its own reader
+    try:
+        with _open(file) as raw:
+            head = raw.read(SNIFF_BYTES)
+    except _read_errors() as err:
+        raise BadInput(f"cannot read {file.path} ({_first_line(err)}): replace it or {_leave_out(file)}") from None
+    inside = f"{file.compression}-compressed " if file.compression else ""
+    for compression, magic in MAGIC.items():
+        if magic.match(head):
+            return f"{inside}{compression}-compressed data without .{compression} in its name"
+    if b"\0" in head:
+        return f"a NUL byte in its first {SNIFF_BYTES:,} bytes" + (" once decompressed" if inside else "")
+    return None
+
+
+def _binary(file: InputFile, why: str) -> BadInput:
+    fix = "add that suffix to its name if it holds text" if "in its name" in why else "leave it out"
+    return BadInput(
+        f"{file.path} is binary ({why}): {fix} (binary files found in a directory are skipped)"
+    )
 
 
 def check_columns(files: list[InputFile], options: ReadOptions) -> None:
@@ -150,7 +250,7 @@ def _parquet_file(file: InputFile):  # -> pyarrow.parquet.ParquetFile
         return pq.ParquetFile(file.path)
     except (OSError, pyarrow.ArrowException) as err:
         raise BadInput(
-            f"cannot read {file.path} as Parquet ({_first_line(err)}): replace it or leave it out"
+            f"cannot read {file.path} as Parquet ({_first_line(err)}): replace it or {_leave_out(file)}"
         ) from None
 
 
@@ -166,11 +266,21 @@ def _open(file: InputFile) -> IO[bytes]:
         import zstandard
 
         return zstandard.ZstdDecompressor().stream_reader(open(file.path, "rb"), closefd=True)
+    if file.compression == "bz2":
+        import bz2
+
+        return cast(IO[bytes], bz2.open(file.path, "rb"))
+    if file.compression == "xz":
+        import lzma
+
+        return cast(IO[bytes], lzma.open(file.path, "rb"))
     return open(file.path, "rb", buffering=1 << 20)
 
 
 def _read_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [OSError, EOFError]
+    import lzma
+
+    errors: list[type[BaseException]] = [OSError, EOFError, lzma.LZMAError]
     try:
         import zstandard
 
@@ -181,33 +291,74 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 
 
 def read_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
-    """The file's documents in order. Raises BadInput naming the file (and line) and the fix."""
+    """The file's documents in order. Raises BadInput naming the file (and line) and the fix, or Skipped (before
+    the first document) for a file found that is binary, or not UTF-8 when its encoding errors are skipped."""
     if file.kind == "parquet":
         yield from _parquet_documents(file, options)
         return
+    errors = options.errors_for(file)
     try:
+        why = binary_why(file)
+        if why is not None:
+            if file.named:
+                raise _binary(file, why)
+            raise Skipped(BINARY)
+        line_by_line = file.kind == "jsonl" or options.text_per_line
+        if errors == "skip" and line_by_line and not _is_utf8(file):
+            raise Skipped(NOT_UTF8)  # checked whole first: a file is read whole or not at all
+        decode = "replace" if errors == "replace" else "strict"
         with _open(file) as raw:
             if file.kind == "jsonl":
-                yield from _jsonl_documents(raw, file, options.text_field)
+                yield from _jsonl_documents(raw, file, options.text_field, decode)
             elif options.text_per_line:
-                yield from _line_documents(raw, file)
+                yield from _line_documents(raw, file, decode)
             else:
                 data = raw.read()
                 try:
-                    text = data.decode("utf-8")
+                    text = data.decode("utf-8", decode)
                 except UnicodeDecodeError as err:
+                    if errors == "skip":
+                        raise Skipped(NOT_UTF8) from None
                     raise _not_utf8(file, f"byte {err.start}") from None
                 if text:
                     yield text
     except _read_errors() as err:
-        raise BadInput(f"cannot read {file.path} ({_first_line(err)}): replace it or leave it out") from None
+        raise BadInput(f"cannot read {file.path} ({_first_line(err)}): replace it or {_leave_out(file)}") from None
+
+
+def _is_utf8(file: InputFile) -> bool:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with _open(file) as raw:
+            while chunk := raw.read(1 << 20):
+                decoder.decode(chunk)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _not_utf8(file: InputFile, where: str) -> BadInput:
     return BadInput(
-        f"{file.path} is not UTF-8 text at {where}: convert it (e.g. `iconv -f latin1 -t utf-8`) "
-        f"or leave it out"
+        f"{file.path} is not UTF-8 text at {where}: convert it (e.g. `iconv -f latin1 -t utf-8`), "
+        f"{_leave_out(file)}, or add --encoding-errors skip (or replace)"
     )
+
+
+def _leave_out(file: InputFile, every: bool = False) -> str:
+    """How to leave the file out: for one found in a directory or by a glob, the --exclude that does it (`every`:
+    for every file of its format, as for the .json files of a code tree, which are seldom JSON Lines)."""
+    if file.named:
+        return "leave it out"
+    name = Path(file.path).name
+    if not every:
+        literal = re.sub(r"^([!#])", r"\\\1", re.sub(r"([\[\]*?\\])", r"\\\1", name))  # as a .gitignore line
+        return f"leave it out with --exclude {shlex.quote(literal)}"
+    lower, suffix = name.lower(), ""
+    for ending in (*COMPRESSIONS, *JSONL_SUFFIXES):
+        if lower[: len(lower) - len(suffix)].endswith(ending):
+            suffix = name[len(name) - len(suffix) - len(ending) :]
+    return f"leave such files out with --exclude {shlex.quote('*' + suffix)}"
 
 
 def _lines(raw: IO[bytes]) -> IO[bytes]:
@@ -215,27 +366,29 @@ def _lines(raw: IO[bytes]) -> IO[bytes]:
     return raw if hasattr(raw, "peek") else io.BufferedReader(raw, 1 << 20)  # type: ignore[type-var]
 
 
-def _line_documents(raw: IO[bytes], file: InputFile) -> Iterator[str]:
+def _line_documents(raw: IO[bytes], file: InputFile, decode: str) -> Iterator[str]:
     for lineno, line in enumerate(_lines(raw), 1):
         try:
-            text = line.decode("utf-8").rstrip("\r\n")
+            text = line.decode("utf-8", decode).rstrip("\r\n")
         except UnicodeDecodeError:
             raise _not_utf8(file, f"line {lineno}") from None
         if text:
             yield text
 
 
-def _jsonl_documents(raw: IO[bytes], file: InputFile, field: str) -> Iterator[str]:
+def _jsonl_documents(raw: IO[bytes], file: InputFile, field: str, decode: str) -> Iterator[str]:
     loads = json.loads
     for lineno, line in enumerate(_lines(raw), 1):
         if not line.strip():
             continue
         try:
-            record = loads(line)
-        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+            record = loads(line if decode == "strict" else line.decode("utf-8", decode))
+        except UnicodeDecodeError:
+            raise _not_utf8(file, f"line {lineno}") from None
+        except ValueError as err:  # JSONDecodeError
             raise BadInput(
-                f"{file.path} line {lineno} is not JSON ({_first_line(err)}): fix the line or "
-                f"leave the file out"
+                f"{file.path} line {lineno} is not JSON ({_first_line(err)}): fix the line, or "
+                f"{_leave_out(file, every=True)}"
             ) from None
         try:
             text = record[field]
@@ -247,12 +400,12 @@ def _jsonl_documents(raw: IO[bytes], file: InputFile, field: str) -> Iterator[st
             )
             raise BadInput(
                 f"{file.path} line {lineno} has no field {field!r} (it has {keys}): name the text "
-                f"field with --text-field"
+                f"field with --text-field, or {_leave_out(file, every=True)}"
             ) from None
         if not isinstance(text, str):
             raise BadInput(
                 f"{file.path} line {lineno}: field {field!r} is {type(text).__name__}, not text: "
-                f"name the text field with --text-field"
+                f"name the text field with --text-field, or {_leave_out(file, every=True)}"
             ) from None
         if text:
             yield text
@@ -287,4 +440,4 @@ def _parquet_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
                     yield text
             row += len(column)
     except (OSError, pyarrow.ArrowException) as err:
-        raise BadInput(f"cannot read {file.path} ({_first_line(err)}): replace it or leave it out") from None
+        raise BadInput(f"cannot read {file.path} ({_first_line(err)}): replace it or {_leave_out(file)}") from None

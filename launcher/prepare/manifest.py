@@ -27,6 +27,7 @@ FORMAT = "slurmtrain.prepared/1"
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 DTYPES = ("uint16", "uint32")
+SKIPPED_LISTED = 100  # paths listed per reason a file was skipped (the counts cover them all)
 _PREPARE_HINT = "prepare it with `python -m launcher.prepare INPUTS --out DIR --tokenizer T`"
 
 
@@ -61,6 +62,15 @@ class Source:
 
 
 @dataclass(frozen=True)
+class SkippedFiles:
+    """The input files skipped for one reason ("binary", "not_utf8"): how many, their bytes, the first paths."""
+
+    files: int
+    bytes: int
+    paths: tuple[str, ...]  # the first SKIPPED_LISTED, in input order
+
+
+@dataclass(frozen=True)
 class Manifest:
     tokenizer: TokenizerInfo
     dtype: str
@@ -71,6 +81,10 @@ class Manifest:
     sources: tuple[Source, ...]
     fingerprint: str
     format: str = FORMAT
+    # How the sources were chosen and read (--include, --exclude, --encoding-errors) and what was skipped; neither
+    # is part of the fingerprint, which is the tokens' (other filters that choose the same files, the same data).
+    selection: Mapping[str, Any] = field(default_factory=dict)
+    skipped: Mapping[str, SkippedFiles] = field(default_factory=dict)
     # Where the manifest was loaded from (not stored in the file): shard paths are relative to it.
     root: Path | None = field(default=None, compare=False)
 
@@ -96,6 +110,11 @@ class Manifest:
             "split_seed": self.split_seed,
             "splits": {name: _split_json(self.split(name)) for name in SPLITS},
             "sources": [vars(s).copy() for s in self.sources],
+            "selection": dict(self.selection),
+            "skipped": {
+                reason: {"files": s.files, "bytes": s.bytes, "paths": list(s.paths)}
+                for reason, s in self.skipped.items()
+            },
             "fingerprint": self.fingerprint,
         }
 
@@ -130,8 +149,11 @@ def build_manifest(
     split_seed: int,
     shards: Mapping[str, Iterable[Shard]],
     sources: Iterable[Source],
+    selection: Mapping[str, Any] | None = None,
+    skipped: Iterable[tuple[str, int, str]] = (),
 ) -> Manifest:
-    """A manifest whose split totals and fingerprint are computed from its shards (so they cannot disagree)."""
+    """A manifest whose split totals and fingerprint are computed from its shards, and its skipped counts from
+    `skipped` ((path, bytes, reason) in input order), so that they cannot disagree."""
     splits = {}
     for name in SPLITS:
         listed = tuple(shards.get(name, ()))
@@ -146,7 +168,19 @@ def build_manifest(
         splits=splits,
         sources=tuple(sources),
         fingerprint=dataset_fingerprint(tokenizer.fingerprint, dtype, eod_id, splits),
+        selection=dict(selection or {}),
+        skipped=_count_skipped(skipped),
     )
+
+
+def _count_skipped(skipped: Iterable[tuple[str, int, str]]) -> dict[str, SkippedFiles]:
+    counts: dict[str, tuple[int, int, list[str]]] = {}
+    for path, size, reason in skipped:
+        files, total, paths = counts.get(reason, (0, 0, []))
+        if len(paths) < SKIPPED_LISTED:
+            paths.append(path)
+        counts[reason] = (files + 1, total + size, paths)
+    return {reason: SkippedFiles(f, b, tuple(p)) for reason, (f, b, p) in counts.items()}
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -266,17 +300,29 @@ def _parse(raw: Any, root: Path) -> Manifest:
     fingerprint = _str(raw["fingerprint"], "fingerprint")
     if fingerprint != dataset_fingerprint(tokenizer.fingerprint, dtype, eod_id, splits):
         raise ValueError("its fingerprint does not match its shards")
+    selection = raw.get("selection", {})  # absent from manifests written before --include/--exclude
+    if not isinstance(selection, dict):
+        raise ValueError(f"selection is {selection!r}, not an object")
+    skipped = {
+        _str(reason, "skipped reason"): SkippedFiles(
+            _int(s["files"], "skipped files"),
+            _int(s["bytes"], "skipped bytes"),
+            tuple(_str(p, "skipped path") for p in s["paths"]),
+        )
+        for reason, s in raw.get("skipped", {}).items()
+    }
     return Manifest(
-        tokenizer,
-        dtype,
-        eod_id,
-        float(raw["val_fraction"]),
-        int(raw["split_seed"]),
-        splits,
-        sources,
-        fingerprint,
-        FORMAT,
-        root,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        eod_id=eod_id,
+        val_fraction=float(raw["val_fraction"]),
+        split_seed=int(raw["split_seed"]),
+        splits=splits,
+        sources=sources,
+        fingerprint=fingerprint,
+        selection=selection,
+        skipped=skipped,
+        root=root,
     )
 
 

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ConfigError
+from launcher.prepare.filters import Filters
 from launcher.prepare.inputs import InputFile, ReadOptions
 from launcher.prepare.manifest import TokenizerInfo
 from launcher.prepare.tokenizer import TokenizerChoice
 
 PARTS = ".parts"
 PLAN = "plan.json"
+# 2: --include/--exclude/--encoding-errors, and whether each input was named or found (binary files skipped).
+VERSION = 2
 DEFAULT_TASK_MB = 256.0
 DEFAULT_VAL_FRACTION = 0.005
 
@@ -33,10 +36,33 @@ class Options:
     val_fraction: float = DEFAULT_VAL_FRACTION
     split_seed: int = 0
     task_mb: float = DEFAULT_TASK_MB
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    encoding_errors: str | None = None  # None: strict for files named one by one, skip for files found
 
     @property
     def read(self) -> ReadOptions:
-        return ReadOptions(self.text_field, self.text_per_line)
+        return ReadOptions(self.text_field, self.text_per_line, self.encoding_errors)
+
+    @property
+    def filters(self) -> Filters:
+        return Filters(self.include, self.exclude)
+
+    def selection(self) -> dict[str, Any]:
+        """How the inputs were chosen and read, as the manifest records it."""
+        return {
+            "include": list(self.include),
+            "exclude": list(self.exclude),
+            "encoding_errors": {
+                "named": self.encoding_errors or "strict",
+                "found": self.encoding_errors or "skip",
+            },
+        }
+
+    @staticmethod
+    def from_json(raw: dict[str, Any]) -> Options:
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+        return Options(**values)
 
 
 @dataclass(frozen=True)
@@ -46,10 +72,12 @@ class Plan:
     options: Options
     inputs: tuple[InputFile, ...]
     tasks: tuple[tuple[int, ...], ...]  # per task, indices into inputs
+    version: int = VERSION  # of launcher.prepare's plan: an older plan was read and chosen otherwise
 
     def identity(self) -> dict[str, Any]:
         """What makes two preparations the same: everything but where it is written."""
         return {
+            "version": self.version,
             "tokenizer": asdict(self.tokenizer),
             "options": asdict(self.options),
             "inputs": [asdict(f) for f in self.inputs],
@@ -79,9 +107,10 @@ class Plan:
             tokenizer=TokenizerChoice(
                 TokenizerInfo(**tok["info"]), tok["eod_id"], tok["eod_token"], tok["eod_from"]
             ),
-            options=Options(**raw["options"]),
+            options=Options.from_json(raw["options"]),
             inputs=tuple(InputFile(**f) for f in raw["inputs"]),
             tasks=tuple(tuple(t) for t in raw["tasks"]),
+            version=raw.get("version", 1),
         )
 
 
@@ -121,6 +150,8 @@ def load_plan(out: Path) -> Plan | None:
 
 def difference(old: Plan, new: Plan) -> str:
     """What differs between two plans, in words (the first difference that a user would recognise)."""
+    if old.version != new.version:
+        return f"it was prepared by an earlier launcher.prepare (plan version {old.version}, now {new.version})"
     if old.tokenizer != new.tokenizer:
         return f"it was prepared with the tokenizer {old.tokenizer.describe()}"
     for key, value in asdict(new.options).items():
@@ -128,6 +159,8 @@ def difference(old: Plan, new: Plan) -> str:
         if was != value:
             if isinstance(value, bool):
                 return f"it was prepared {'with' if was else 'without'} {flag}"
+            if isinstance(value, tuple) or value is None or was is None:
+                return f"it was prepared with {_given(flag, was)}; this command has {_given(flag, value)}"
             return f"it was prepared with {flag} {was}, not {value}"
     old_files = {f.path: f for f in old.inputs}
     new_files = {f.path: f for f in new.inputs}
@@ -136,6 +169,17 @@ def difference(old: Plan, new: Plan) -> str:
     for path in sorted(old_files.keys() - new_files.keys()):
         return f"other inputs ({path} is not among them now)"
     for path, file in new_files.items():
+        if old_files[path].named != file.named:
+            how = "named one by one" if file.named else "found in a directory or by a glob"
+            return f"other inputs ({path} is {how} now)"
         if old_files[path] != file:
             return f"other inputs ({path} changed since)"
     return "a different plan"
+
+
+def _given(flag: str, value: Any) -> str:
+    """An option as a command line gives it: `--include '*.py' --include '*.md'`, or `no --include`."""
+    import shlex
+
+    values = value if isinstance(value, tuple) else () if value is None else (value,)
+    return " ".join(f"{flag} {shlex.quote(str(v))}" for v in values) if values else f"no {flag}"

@@ -209,7 +209,8 @@ def run_tasks(plan: Plan, pending: list[int], workers: int | None, created: Crea
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(plan: Plan, threads: int, progress: Any, stop: Any) -> None:
+def _init_worker(plan: Plan, threads: int, progress: Any, stop: Any, parent: int) -> None:
+    _end_with(parent)
     # The tokenizer's Rust thread pool starts at its first batch and reads its size then: the cores are shared
     # between the worker processes instead of each starting one thread per core.
     os.environ["RAYON_NUM_THREADS"] = str(threads)
@@ -220,6 +221,32 @@ def _init_worker(plan: Plan, threads: int, progress: Any, stop: Any) -> None:
     from launcher.prepare.tokenizer import encoder_for
 
     _worker.update(plan=plan, encoder=encoder_for(plan.tokenizer), progress=progress, stop=stop)
+
+
+def _end_with(parent: int) -> None:
+    """This worker ends when the preparing process does, however it ends (kill -9, the OOM killer): an idle worker
+    waits on the pool's queue, whose write end it holds itself, so it would live on as an orphan. Linux sends the
+    parent-death signal; elsewhere a thread watches the parent's pid."""
+    import ctypes
+    import signal
+    import threading
+    import time
+
+    pr_set_pdeathsig = 1
+    try:
+        armed = ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) == 0
+    except AttributeError:  # not Linux: no prctl
+        armed = False
+    if os.getppid() != parent:  # the parent was gone before the signal was armed
+        os._exit(1)
+    if not armed:
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
 
 
 def _work(index: int) -> int:
@@ -276,7 +303,10 @@ def _run_pool(plan: Plan, pending: list[int], processes: int, created: Created, 
     with (
         ThreadPoolExecutor(1) as thread,
         ProcessPoolExecutor(
-            processes - 1, mp_context=ctx, initializer=_init_worker, initargs=(plan, threads, progress, stop)
+            processes - 1,
+            mp_context=ctx,
+            initializer=_init_worker,
+            initargs=(plan, threads, progress, stop, os.getpid()),
         ) as pool,
     ):
         launch(thread, here.work)
@@ -327,6 +357,7 @@ def finalize(plan: Plan) -> Manifest:
     itemsize = np.dtype(plan.tokenizer.dtype).itemsize
     shards: dict[str, list[Shard]] = {split: [] for split in SPLITS}
     sources: list[Source] = []
+    skipped: list[tuple[str, int, str]] = []
     for index in range(len(plan.tasks)):
         record = completed_record(plan, index, itemsize)
         if record is None:
@@ -335,6 +366,7 @@ def finalize(plan: Plan) -> Manifest:
             if record["shards"][split] is not None:
                 shards[split].append(Shard(**record["shards"][split]))
         sources.extend(Source(**s) for s in record["sources"])
+        skipped.extend((s["path"], s["bytes"], s["reason"]) for s in record.get("skipped", []))
     manifest = build_manifest(
         plan.tokenizer.info,
         plan.tokenizer.eod_id,
@@ -342,6 +374,23 @@ def finalize(plan: Plan) -> Manifest:
         plan.options.split_seed,
         shards,
         sources,
+        plan.options.selection(),
+        skipped,
     )
     write_manifest(plan.out, manifest)
     return manifest
+
+
+def skipped_line(manifest: Manifest) -> str | None:
+    """What was skipped, for the summary: `skipped 5 files (4.1 MB): 4 binary (e.g. ...), 1 not UTF-8 (...)`."""
+    if not manifest.skipped:
+        return None
+    from launcher.prepare.inputs import REASONS
+
+    files = sum(s.files for s in manifest.skipped.values())
+    size = sum(s.bytes for s in manifest.skipped.values()) / 1e6
+    reasons = ", ".join(
+        f"{s.files:,} {REASONS.get(reason, reason)} (e.g. {s.paths[0]})" if s.paths else f"{s.files:,} {reason}"
+        for reason, s in manifest.skipped.items()
+    )
+    return f"skipped {files:,} file{'s' if files != 1 else ''} ({size:,.1f} MB): {reasons}; listed in {MANIFEST}"

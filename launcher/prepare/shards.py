@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from launcher.prepare.inputs import InputFile, read_documents
+from launcher.prepare.inputs import InputFile, Skipped, read_documents
 from launcher.prepare.manifest import SPLITS, Shard, write_json_atomic
 from launcher.prepare.plan import Plan
 from launcher.prepare.tokenizer import Encoder, encoder_for
@@ -123,19 +123,25 @@ def remove_stale(plan: Plan, index: int) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _batches(files: list[InputFile], plan: Plan, counts: list[int]) -> Iterator[tuple[list[str], int]]:
+def _batches(
+    files: list[InputFile], plan: Plan, counts: list[int], skipped: dict[int, str]
+) -> Iterator[tuple[list[str], int]]:
     """(documents, input bytes finished) in batches of about BATCH_CHARS characters; counts[i] is the number of
-    documents read from files[i]."""
+    documents read from files[i], skipped[i] why files[i] was not read (a file is skipped before its first
+    document)."""
     batch: list[str] = []
     chars = done_bytes = 0
     for i, file in enumerate(files):
-        for text in read_documents(file, plan.options.read):
-            batch.append(text)
-            counts[i] += 1
-            chars += len(text)
-            if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
-                yield batch, done_bytes
-                batch, chars, done_bytes = [], 0, 0
+        try:
+            for text in read_documents(file, plan.options.read):
+                batch.append(text)
+                counts[i] += 1
+                chars += len(text)
+                if chars >= BATCH_CHARS or len(batch) >= BATCH_DOCS:
+                    yield batch, done_bytes
+                    batch, chars, done_bytes = [], 0, 0
+        except Skipped as skip:
+            skipped[i] = skip.reason
         done_bytes += file.bytes
     yield batch, done_bytes
 
@@ -154,12 +160,13 @@ def run_task(
     encoder = encoder or encoder_for(plan.tokenizer)
     files = plan.task_files(index)
     counts = [0] * len(files)
+    skipped: dict[int, str] = {}
     writers = {split: ShardWriter(root, shard_name(split, index)) for split in SPLITS}
     threshold, key = val_threshold(plan.options.val_fraction), split_key(plan.options.split_seed)
     eod_id = plan.tokenizer.eod_id
     kill_at = os.environ.get(KILL_AT_TASK_ENV)
     try:
-        for batch, done_bytes in _batches(files, plan, counts):
+        for batch, done_bytes in _batches(files, plan, counts, skipped):
             if should_stop is not None and should_stop():
                 raise InterruptedError("stopped")
             written = 0
@@ -187,8 +194,11 @@ def run_task(
         "plan": plan.fingerprint,
         "shards": {split: None if s is None else vars(s) for split, s in shards.items()},
         "sources": [
-            {"path": f.path, "bytes": f.bytes, "documents": n} for f, n in zip(files, counts, strict=True)
+            {"path": f.path, "bytes": f.bytes, "documents": n}
+            for i, (f, n) in enumerate(zip(files, counts, strict=True))
+            if i not in skipped
         ],
+        "skipped": [{"path": files[i].path, "bytes": files[i].bytes, "reason": r} for i, r in skipped.items()],
     }
     write_json_atomic(record_path(plan, index), record)
     return record

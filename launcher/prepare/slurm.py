@@ -191,7 +191,7 @@ def run_array_element(plan_path: str, indices: list[int]) -> int:
 
 
 def run_finalize(out: str) -> str:
-    from launcher.prepare.run import finalize, pending_tasks
+    from launcher.prepare.run import finalize, pending_tasks, skipped_line
 
     plan = load_plan(Path(out))
     assert plan is not None, f"{out} holds no plan"
@@ -202,6 +202,8 @@ def run_finalize(out: str) -> str:
             f"{plan.parts / 'slurm'}): run the same command again to resubmit them"
         )
     manifest = finalize(plan)
+    skipped = skipped_line(manifest)
     return (
         f"prepared {out}: {manifest.split('train').tokens:,} train tokens, fingerprint {manifest.fingerprint}"
+        + (f"\n{skipped}" if skipped else "")
     )

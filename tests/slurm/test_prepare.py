@@ -1,5 +1,6 @@
 """python -m launcher.prepare ... +cluster=local_slurm: one CPU job array and a finalize job on the real local
-cluster, its output byte-identical to the local preparation's (issue 20, acceptance 3)."""
+cluster, its output byte-identical to the local preparation's (issue 20, acceptance 3), a corpus as it comes
+(binary files and text that is not UTF-8 skipped, --exclude; issue 27) included."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from launcher.prepare import manifest as mf
 from tests.slurm.helpers import sacct_state, wait_terminal
 from tests.unit import test_prepare as unit
-from tests.unit.test_prepare import _build_corpus, _tree, prepare
+from tests.unit.test_prepare import _add_misfits, _build_corpus, _tree, prepare
 
 pytestmark = pytest.mark.slurm
 bpe = unit.bpe  # the BPE trained in the unit tests' fixture
@@ -39,7 +40,9 @@ def _status(out: Path) -> dict:
 
 def test_prepare_as_one_array_is_byte_identical_to_the_local_preparation(tmp_path: Path, bpe: Path) -> None:
     _build_corpus(tmp_path / "corpus")
-    args = (tmp_path / "corpus", "--tokenizer", bpe, "--val-fraction", 0.3, "--task-mb", 0.0001)
+    misfits = _add_misfits(tmp_path / "corpus")
+    args = (tmp_path / "corpus", "--tokenizer", bpe, "--val-fraction", 0.3, "--task-mb", 0.0001,
+            "--exclude", "koi8r.py")
     out = tmp_path / "on slurm's side"  # shell-hostile on purpose
     submitted = _prepare_on_slurm(*args, "--out", out)
     assert submitted.returncode == 0, submitted.stderr
@@ -62,6 +65,11 @@ def test_prepare_as_one_array_is_byte_identical_to_the_local_preparation(tmp_pat
         k: v for k, v in here.items() if not k.startswith(".parts/")
     }
     assert mf.load_manifest(out).fingerprint == mf.load_manifest(tmp_path / "here").fingerprint
+    manifest = mf.load_manifest(out)  # skipped in the array's tasks, counted by the finalize job
+    assert manifest.selection["exclude"] == ["koi8r.py"]
+    assert {r: len(s.paths) for r, s in manifest.skipped.items()} == {
+        "binary": len(misfits["binary"]), "not_utf8": len(misfits["not_utf8"]) - 1
+    }
 
     again = _prepare_on_slurm(*args, "--out", out)  # complete: nothing is queued
     assert again.returncode == 0 and "already prepared" in again.stdout, again.stdout + again.stderr

@@ -142,18 +142,24 @@ def bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def prepare(*args: object, workers: int = 1) -> tuple[int, str]:
     """python -m launcher.prepare in this process: (exit code, stderr)."""
+    code, _, err = prepare_printing(*args, workers=workers)
+    return code, err
+
+
+def prepare_printing(*args: object, workers: int = 1) -> tuple[int, str, str]:
+    """python -m launcher.prepare in this process: (exit code, stdout, stderr)."""
     import contextlib
     import io
 
     from launcher.prepare.__main__ import main
 
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             code = main([str(a) for a in args] + ["--workers", str(workers)])
         except SystemExit as exit_:  # argparse's own refusals
             code = int(exit_.code or 0)
-    return code, err.getvalue()
+    return code, out.getvalue(), err.getvalue()
 
 
 def _decode(path: Path, tokenizer: Path | None) -> dict[str, list[str]]:
@@ -395,6 +401,8 @@ def _corrupt(corpus: Path, what: str) -> None:
         (corpus / "z.txt.gz").write_bytes(gzip.compress(bytes(range(256)) * 40)[:300])
     elif what == "not UTF-8":
         (corpus / "z.txt").write_bytes(b"caf\xe9 au lait")
+    elif what == "JSON Lines not UTF-8":
+        (corpus / "z.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
     elif what == "parquet without the column":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -402,21 +410,28 @@ def _corrupt(corpus: Path, what: str) -> None:
         pq.write_table(pa.table({"content": ["x"]}), corpus / "z.parquet")
 
 
+STRICT = ("--encoding-errors", "strict")  # text that is not UTF-8 in a directory is skipped unless asked
+
+
 @pytest.mark.parametrize(
-    "what, words",
+    "what, extra, words",
     [
-        ("jsonl without the field", ["z.jsonl line 2 has no field 'text'", "--text-field"]),
-        ("not JSON", ["z.jsonl line 2 is not JSON"]),
-        ("truncated gz", ["cannot read", "z.txt.gz"]),
-        ("not UTF-8", ["z.txt is not UTF-8 text", "iconv"]),
-        ("parquet without the column", ["z.parquet has no column 'text' (it has content)", "--text-field"]),
+        # found in a directory: the --exclude that leaves it out (or every file of its format) is named too
+        ("jsonl without the field", (), ["z.jsonl line 2 has no field 'text'", "--text-field", "--exclude '*.jsonl'"]),
+        ("not JSON", (), ["z.jsonl line 2 is not JSON", "leave such files out with --exclude '*.jsonl'"]),
+        ("truncated gz", (), ["cannot read", "z.txt.gz", "leave it out with --exclude z.txt.gz"]),
+        ("not UTF-8", STRICT, ["z.txt is not UTF-8 text", "iconv", "--encoding-errors skip"]),
+        ("JSON Lines not UTF-8", STRICT, ["z.jsonl is not UTF-8 text at line 2", "--encoding-errors skip"]),
+        ("parquet without the column", (), ["z.parquet has no column 'text' (it has content)", "--text-field"]),
     ],
 )
-def test_a_bad_input_file_is_one_line_and_leaves_nothing(tmp_path: Path, what: str, words: list[str]) -> None:
+def test_a_bad_input_file_is_one_line_and_leaves_nothing(
+    tmp_path: Path, what: str, extra: tuple[str, ...], words: list[str]
+) -> None:
     _build_corpus(tmp_path / "corpus")  # good files first: their tasks finish, then are removed again
     _corrupt(tmp_path / "corpus", what)
     out = tmp_path / "new" / "out"
-    code, err = prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes", "--task-mb", 0.0001)
+    code, err = prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes", "--task-mb", 0.0001, *extra)
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert all(w in err for w in words), err
     assert not (tmp_path / "new").exists()
@@ -556,3 +571,291 @@ def test_a_directory_another_preparation_is_writing_is_refused(tmp_path: Path) -
     finally:
         os.close(fd)
     assert prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")[0] == 0
+
+
+# ---------------------------------------------------------------- a corpus as it comes (issue 27, item 7)
+
+
+def _add_misfits(root: Path) -> dict[str, list[str]]:
+    """What a real tree holds beside its text, as the standard library's and /usr/share/doc do: binary files
+    (raw, behind a compression suffix, compressed without one) and text in Latin-1 or KOI8-R. Returns the skipped
+    file names by reason."""
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    pdf = b"%PDF-1.5\n%\xe2\xe3\xcf\xd3\n1 0 obj\n<< /Length 9 >>\nstream\n\x00\x01\x02 x\x9c\nendstream\n"
+    binary = {
+        "lib/libpython3.11.a": b"!<arch>\n/               0           0     0     0       " + bytes(range(256)),
+        "doc/manual.pdf.gz": gzip.compress(pdf),
+        "doc/data.bin.zst": zstandard.ZstdCompressor().compress(bytes(64) + b"text after zeros"),
+        "doc/data.bin.bz2": bz2.compress(b"\x00" * 10),
+        "doc/data.bin.xz": lzma.compress(b"\x7fELF\x02\x01\x01\x00"),
+        "doc/changelog.txt": gzip.compress(b"compressed text without .gz in its name"),
+    }
+    latin = "# -*- coding: latin-1 -*-\nprint('caf\xe9 cr\xe8me br\xfbl\xe9e')\n"
+    not_utf8 = {
+        "lib/latin1.py": latin.encode("latin-1"),
+        "lib/koi8r.py": "# -*- coding: koi8-r -*-\nprint('привет, мир')\n".encode("koi8-r"),
+        # fine for 2,000 lines, then Latin-1: none of its documents may be read (a file is read whole or not)
+        "lib/late.jsonl": _jsonl([f"fine {i}" for i in range(2000)]) + b'{"text": "caf\xe9"}\n',
+    }
+    for name, data in {**binary, **not_utf8}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return {"binary": sorted(binary), "not_utf8": sorted(not_utf8)}
+
+
+def test_a_directory_is_prepared_as_it_comes(tmp_path: Path) -> None:
+    import bz2
+    import lzma
+
+    docs = _build_corpus(tmp_path / "corpus")
+    misfits = _add_misfits(tmp_path / "corpus")
+    (tmp_path / "corpus" / "notes.txt.bz2").write_bytes(bz2.compress(b"read as text, bz2"))
+    (tmp_path / "corpus" / "notes.txt.xz").write_bytes(lzma.compress(b"read as text, xz"))
+    args = (tmp_path / "corpus", "--tokenizer", "bytes", "--val-fraction", 0, "--task-mb", 0.001)
+    code, printed, err = prepare_printing(*args, "--out", tmp_path / "out", workers=2)
+    assert code == 0, err
+    manifest = mf.load_manifest(tmp_path / "out")
+    skipped = {r: [str(Path(p).relative_to(tmp_path / "corpus")) for p in s.paths]
+               for r, s in manifest.skipped.items()}
+    assert skipped == misfits
+    assert {r: s.files for r, s in manifest.skipped.items()} == {"binary": 6, "not_utf8": 3}
+    read = set(_decode(tmp_path / "out", None)["train"])
+    assert read == set(docs) | {"read as text, bz2", "read as text, xz"}  # nothing of a skipped file
+    assert not {s.path for s in manifest.sources} & {p for s in manifest.skipped.values() for p in s.paths}
+    assert manifest.selection == {
+        "include": [], "exclude": [], "encoding_errors": {"named": "strict", "found": "skip"}
+    }
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith("skipped 9 files (") and "6 binary (e.g. " in last and "3 not UTF-8 (e.g. " in last
+    assert "manifest.json" in last
+
+    # replace: the text that is not UTF-8 is read, with U+FFFD; binary files are skipped all the same
+    code, err = prepare(*args, "--out", tmp_path / "replaced", "--encoding-errors", "replace")
+    assert code == 0, err
+    replaced = mf.load_manifest(tmp_path / "replaced")
+    assert list(replaced.skipped) == ["binary"]
+    read = set(_decode(tmp_path / "replaced", None)["train"])
+    assert latin_ok(read) and "caf\ufffd" in read and len(read) == len(docs) + 2 + 2 + 2000 + 1
+
+    # strict: the first such file refuses the preparation, and nothing is left
+    code, err = prepare(*args, "--out", tmp_path / "strict" / "out", "--encoding-errors", "strict")
+    assert code == 2 and err.count("\n") == 1 and "is not UTF-8 text" in err and "lib/" in err, err
+    assert not (tmp_path / "strict").exists()
+
+
+def latin_ok(read: set[str]) -> bool:
+    """The Latin-1 file's document, its accented letters replaced."""
+    return any(d.startswith("# -*- coding: latin-1") and "caf\ufffd cr\ufffdme" in d for d in read)
+
+
+def test_a_file_named_one_by_one_is_refused_when_binary_and_strict_when_not_utf8(tmp_path: Path) -> None:
+    misfits = _add_misfits(tmp_path / "corpus")
+    (tmp_path / "corpus" / "good.txt").write_text("good")
+    out = tmp_path / "out"
+    for name in misfits["binary"]:
+        code, err = prepare(tmp_path / "corpus" / name, "--out", out, "--tokenizer", "bytes")
+        assert code == 2 and err.count("\n") == 1 and f"{name} is binary (" in err, err
+        assert not out.exists()
+    code, err = prepare(tmp_path / "corpus" / "doc/changelog.txt", "--out", out, "--tokenizer", "bytes")
+    assert "gz-compressed data without .gz in its name): add that suffix" in err, err
+    for name in misfits["not_utf8"]:
+        code, err = prepare(tmp_path / "corpus" / name, "--out", out, "--tokenizer", "bytes")
+        assert code == 2 and err.count("\n") == 1 and f"{name} is not UTF-8 text" in err, err
+        assert not out.exists()
+    # asked for, a named file's encoding errors are skipped too
+    named = [tmp_path / "corpus" / n for n in ("good.txt", *misfits["not_utf8"])]
+    code, err = prepare(*named, "--out", out, "--tokenizer", "bytes", "--encoding-errors", "skip")
+    assert code == 0, err
+    assert mf.load_manifest(out).skipped["not_utf8"].files == 3
+    assert _decode(out, None)["train"] == ["good"]
+
+
+def _chosen(corpus: Path, *specs: object, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> set[str]:
+    from launcher.prepare.filters import Filters
+    from launcher.prepare.inputs import resolve_inputs
+
+    files = resolve_inputs([str(s) for s in specs], None, Filters(include, exclude))
+    return {Path(f.path).relative_to(corpus).as_posix() + ("" if f.named else "*") for f in files}
+
+
+def test_include_and_exclude_choose_among_the_files_found(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    for name in ("a.py", "b.md", "sub/c.py", "sub/deep/d.py", "test/t.py", "docs/x.md", "docs/y.txt"):
+        (corpus / name).parent.mkdir(parents=True, exist_ok=True)
+        (corpus / name).write_text(name)
+    found = {"a.py*", "b.md*", "sub/c.py*", "sub/deep/d.py*", "test/t.py*", "docs/x.md*", "docs/y.txt*"}
+    assert _chosen(corpus, corpus) == found  # * : found, not named
+    assert _chosen(corpus, corpus, include=("*.py",)) == {"a.py*", "sub/c.py*", "sub/deep/d.py*", "test/t.py*"}
+    assert _chosen(corpus, corpus, include=("*.py",), exclude=("test/",)) == {"a.py*", "sub/c.py*", "sub/deep/d.py*"}
+    assert _chosen(corpus, corpus, include=("sub/**/*.py",)) == {"sub/c.py*", "sub/deep/d.py*"}
+    assert _chosen(corpus, corpus, include=("/*.py", "docs/*.md")) == {"a.py*", "docs/x.md*"}
+    assert _chosen(corpus, corpus, exclude=("**/deep/**", "*.md", "docs")) == {"a.py*", "sub/c.py*", "test/t.py*"}
+    # on the path under the input directory, whichever directory is given
+    assert _chosen(corpus, corpus / "sub", include=("deep/*.py",)) == {"sub/deep/d.py*"}
+    # under a glob's leading directory
+    assert _chosen(corpus, str(corpus / "*"), exclude=("sub/deep/",)) == found - {"sub/deep/d.py*"}
+    assert _chosen(corpus, str(corpus / "**" / "*.py"), exclude=("test/**",)) == {
+        "a.py*", "sub/c.py*", "sub/deep/d.py*"
+    }
+    # a file named one by one is chosen whatever the filters say
+    assert _chosen(corpus, corpus / "b.md", corpus, include=("*.py",)) == {
+        "b.md", "a.py*", "sub/c.py*", "sub/deep/d.py*", "test/t.py*"
+    }
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--include", "*.rs"], ["no input files chosen by --include '*.rs'", "'src/**'"]),
+        (["--exclude", "*"], ["no input files chosen by --exclude '*'"]),
+        (["--include", ""], ["--include '' matches nothing", "'*.py'"]),
+        (["--exclude", "# not a glob"], ["--exclude '# not a glob' matches nothing", "\\#"]),
+        (["--include", "\\"], ["--include '\\\\' is not a glob"]),
+        (["NAMED", "--include", "*.txt"], ["--include '*.txt' choose among the files found", "leave the filters"]),
+        (["--encoding-errors", "ignore"], ["--encoding-errors: invalid choice: 'ignore'", "strict"]),
+    ],
+)
+def test_filters_that_choose_nothing_are_refused(tmp_path: Path, args: list[str], words: list[str]) -> None:
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("some text")
+    inputs: list[object] = [tmp_path / "corpus"]
+    if args[0] == "NAMED":  # the file named one by one, not its directory
+        inputs, args = [tmp_path / "corpus" / "a.txt"], args[1:]
+    code, err = prepare(*inputs, *args, "--out", tmp_path / "out", "--tokenizer", "bytes")
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert all(w in err for w in words), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_other_filters_are_another_preparation(tmp_path: Path) -> None:
+    _build_corpus(tmp_path / "corpus")
+    _add_misfits(tmp_path / "corpus")
+    out = tmp_path / "out"
+    base = (tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")
+    code, err = prepare(*base, "--include", "*.txt", "--include", "*.jsonl")
+    assert code == 0, err
+    manifest, files = mf.load_manifest(out), _tree(out)
+    assert manifest.selection["include"] == ["*.txt", "*.jsonl"] and manifest.selection["exclude"] == []
+    assert {Path(s.path).name for s in manifest.sources} == {"a.txt", "c.txt", "d.jsonl"}
+    assert {r: [Path(p).name for p in s.paths] for r, s in manifest.skipped.items()} == {
+        "binary": ["changelog.txt"],  # gzip data named .txt
+        "not_utf8": ["late.jsonl"],
+    }
+    for change, words in [
+        (["--include", "*.txt"], "prepared with --include '*.txt' --include '*.jsonl'; this command has --include '*.txt'"),
+        (["--include", "*.txt", "--include", "*.jsonl", "--exclude", "sub/"], "with no --exclude; this command has --exclude sub/"),
+        (["--include", "*.txt", "--include", "*.jsonl", "--encoding-errors", "replace"], "with no --encoding-errors; this command has --encoding-errors replace"),
+        ([], "prepared with --include '*.txt' --include '*.jsonl'; this command has no --include"),
+    ]:
+        code, err = prepare(*base, *change)
+        assert code == 2 and err.count("\n") == 1 and "already holds a different preparation" in err, err
+        assert words in err and "--overwrite" in err, err
+        assert _tree(out) == files  # nothing overwritten
+    code, printed, err = prepare_printing(*base, "--include", "*.txt", "--include", "*.jsonl")
+    assert code == 0 and "already complete" in printed and _tree(out) == files, err
+    code, err = prepare(*base, "--exclude", "lib/", "--overwrite")
+    assert code == 0, err
+    manifest = mf.load_manifest(out)
+    assert manifest.selection["exclude"] == ["lib/"] and list(manifest.skipped) == ["binary"]
+
+
+def test_a_plan_from_before_the_filters_is_another_preparation(tmp_path: Path) -> None:
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("some text")
+    out = tmp_path / "out"
+    assert prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")[0] == 0
+    plan = json.loads((out / ".parts/plan.json").read_text())
+    del plan["version"]  # what launcher.prepare wrote before --include/--exclude/--encoding-errors
+    for key in ("include", "exclude", "encoding_errors"):
+        del plan["options"][key]
+    for file in plan["inputs"]:
+        del file["named"]
+    (out / ".parts/plan.json").write_text(json.dumps(plan))
+    files = _tree(out)
+    code, err = prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")
+    assert code == 2 and "prepared by an earlier launcher.prepare (plan version 1, now 2)" in err, err
+    assert _tree(out) == files
+
+
+def test_skipped_paths_are_listed_up_to_a_bound_and_counted_in_full() -> None:
+    info = mf.TokenizerInfo("bytes", None, 257, "bytes")
+    skipped = [(f"/c/{i:04d}.bin", 10, "binary") for i in range(mf.SKIPPED_LISTED + 50)] + [("/c/x.py", 3, "not_utf8")]
+    manifest = mf.build_manifest(info, 256, 0.0, 0, {}, [], {"include": ["*"]}, skipped)
+    assert manifest.skipped["binary"] == mf.SkippedFiles(
+        mf.SKIPPED_LISTED + 50, 10 * (mf.SKIPPED_LISTED + 50), tuple(p for p, _, _ in skipped[: mf.SKIPPED_LISTED])
+    )
+    assert manifest.skipped["not_utf8"] == mf.SkippedFiles(1, 3, ("/c/x.py",))
+    assert json.loads(json.dumps(manifest.to_json()))["skipped"]["not_utf8"] == {
+        "files": 1, "bytes": 3, "paths": ["/c/x.py"]
+    }
+
+
+def _children(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _ended(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE  # dead, waiting for whoever adopted it to reap it
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_worker_processes_end_when_the_preparing_process_is_killed(tmp_path: Path) -> None:
+    """kill -9 (or the OOM killer) of a preparation leaves no worker behind: they end with their parent."""
+    import subprocess
+    import sys
+
+    from tests.slurm.helpers import poll
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(16):
+        (corpus / f"{i:02d}.txt").write_text(_doc(i) * 2000)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "launcher.prepare", str(corpus), "--out", str(tmp_path / "out"), "--tokenizer",
+         "bytes", "--task-mb", "0.01", "--workers", "3"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    children: list = []
+    try:
+
+        def workers() -> list:
+            spawned = [p for p in _children(driver.pid) if "spawn_main" in " ".join(p.cmdline())]
+            return spawned if len(spawned) == 2 else []
+
+        spawned = poll(workers, timeout=60, what="the preparation's 2 worker processes", interval=0.01)
+        for worker in spawned:  # held where they are: the preparation cannot finish before its kill
+            worker.suspend()
+        children = _children(driver.pid)  # the workers and multiprocessing's resource tracker
+        assert driver.poll() is None
+        driver.kill()
+        driver.wait()
+        for worker in spawned:  # a worker stopped before it armed the parent-death signal sees its parent gone
+            if not _ended(worker):
+                worker.resume()
+        poll(lambda: all(_ended(p) for p in children), timeout=30, what="the orphaned workers to end",
+             interval=0.05)
+    finally:  # whatever happened above, leave no process of this test behind
+        driver.kill()
+        driver.wait()
+        for process in children:
+            if not _ended(process):
+                process.kill()
+    # a worker whose parent is gone before it can arm the signal ends at once
+    code = "from launcher.prepare.run import _end_with; _end_with(-1); print('lived on')"
+    late = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (late.returncode, late.stdout) == (1, ""), late.stderr
