@@ -123,7 +123,10 @@ def worker_start_s(tokenizer: Path, corpus: Path) -> float:
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
     with ProcessPoolExecutor(
-        1, mp_context=ctx, initializer=prepare_run._init_worker, initargs=(plan, 1, ctx.Queue(), ctx.Event())
+        1,
+        mp_context=ctx,
+        initializer=prepare_run._init_worker,
+        initargs=(plan, 1, ctx.Queue(), ctx.Event(), os.getpid()),
     ) as pool:
         pool.submit(int, 0).result()
     return time.perf_counter() - t0
