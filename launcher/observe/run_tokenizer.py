@@ -65,7 +65,10 @@ def run_tokenizer(data_cfg: Any) -> tuple[RunTokenizer | None, str]:
         if not is_prepared_dir(path):
             if Path(path).expanduser().exists():
                 continue  # a flat token file or a glob: no tokenizer recorded
-            return None, f"its prepared dataset {key}={path} is not there any more, so its tokenizer is unknown"
+            # Relative: a config.yaml written before paths were made absolute at launch (launcher/plan/paths.py).
+            relative = "" if Path(path).expanduser().is_absolute() else \
+                " (a relative path: run this from the directory the run was launched in)"
+            return None, f"its prepared dataset {key}={path} is not there any more{relative}, so its tokenizer is unknown"
         try:
             manifest = load_manifest(path, check_files=False)
         except ConfigError as err:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import sys
 import typing
@@ -160,3 +161,17 @@ def test_a_saved_relative_config_resumes_under_its_run_name(here: Path, monkeypa
     cfg, plan = compose_and_plan([*DATA, "run.name=mine"])
     assert plan.run_dir == old
     check_run_dir(cfg, plan.run_dir, plan.world_size)  # no "other training settings (data.path: ...)"
+
+
+def test_a_run_saved_with_relative_paths_says_where_to_read_them_from(here: Path) -> None:
+    """config.yaml files written before paths were made absolute: read elsewhere, the message says where to run."""
+    from launcher.errors import ConfigError
+    from launcher.observe.run_tokenizer import run_tokenizer
+    from train.data.spec import token_sources
+
+    data = OmegaConf.create({"name": "tokens", "path": "data/prepared", "dtype": "uint16", "sources": {}})
+    tokenizer, why = run_tokenizer(data)
+    assert tokenizer is None and "(a relative path: run this from the directory the run was launched in)" in why
+    with pytest.raises(ConfigError, match="^" + re.escape(f"data.path=data/prepared is not a file in {here} (a relative "
+                                                          "path): run this from the directory the run was launched in")):
+        token_sources(data, on_ranks=True)

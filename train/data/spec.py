@@ -87,6 +87,9 @@ def resolve(path: str, key: str, dtype: str, name: str = "", weight: float = 1.0
         return SourceSpec(key, name, path, tuple(manifest.shard_files(split)), tuple(s.tokens for s in chosen.shards),
                           manifest.dtype, weight, manifest)
     if not where.exists():
+        if on_ranks and not where.is_absolute():  # a config.yaml written before paths were made absolute at launch
+            raise ConfigError(f"{key}={path} is not a file in {Path.cwd()} (a relative path): run this from the "
+                              "directory the run was launched in")
         if on_ranks:
             raise ConfigError(f"{key}={path} is not a file here (was it moved after submitting?): point {key} at "
                               "the token data")
