@@ -675,6 +675,25 @@ def test_a_file_named_one_by_one_is_refused_when_binary_and_strict_when_not_utf8
     assert _decode(out, None)["train"] == ["good"]
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_one_document_per_line_a_file_is_skipped_whole(tmp_path: Path, compress: bool) -> None:
+    """--text-per-line reads a file line by line: a line that is not UTF-8 far into it skips the whole file, the
+    lines before it included (they would otherwise be in a shard already)."""
+    import gzip
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("kept one\nkept two\n")
+    late = "".join(f"line {i}\n" for i in range(50000)).encode() + b"caf\xe9\n"
+    name, data = ("b.txt.gz", gzip.compress(late)) if compress else ("b.txt", late)
+    (tmp_path / "corpus" / name).write_bytes(data)
+    out = tmp_path / "out"
+    code, err = prepare(tmp_path / "corpus", "--text-per-line", "--out", out, "--tokenizer", "bytes",
+                        "--val-fraction", 0)
+    assert code == 0, err
+    assert _decode(out, None)["train"] == ["kept one", "kept two"]
+    assert mf.load_manifest(out).skipped == {"not_utf8": mf.SkippedFiles(1, len(data), (str(tmp_path / "corpus" / name),))}
+
+
 def _chosen(corpus: Path, *specs: object, include: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> set[str]:
     from launcher.prepare.filters import Filters
     from launcher.prepare.inputs import resolve_inputs
