@@ -241,8 +241,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     losses: dict[int, float] = {}
     outcome = StopOutcome(0, None)
     validator = Validator(cfg, strategy, device)
-    if validator.due(state.step):  # step 0, eval.at_start
-        metrics.log(state.step, state.tokens, None, **validate(validator, model, watchdog, metrics))
+    if validator.due_at_start(state.step, run_dir):  # step 0 (eval.at_start), or a resume at a step not validated
+        metrics.log_validation(state.step, state.tokens, validate(validator, model, watchdog, metrics))
     prefetcher: BatchPrefetcher | None = None
     stability = Stability(cfg, env, device, run_dir, strategy, ckpt, global_batch)
     try:

@@ -106,6 +106,16 @@ class MetricsLogger:
         row = {"step": step, "time": time.time(), **values, "tokens_per_s": (tokens - self._last_tokens) / elapsed,
                "tokens": tokens, **(telemetry or {})}
         self._last_time, self._last_tokens = now, tokens
+        return self._write(row)
+
+    def log_validation(self, step: int, tokens: int, values: dict[str, float]) -> dict[str, Any]:
+        """A row of validation alone (step 0 with eval.at_start): no training step ran, so it has no loss and no
+        throughput figure (a tokens_per_s of 0 would read as a stall); the next row's throughput starts here."""
+        self._last_time, self._last_tokens = time.perf_counter(), tokens
+        return self._write({"step": step, "time": time.time(), **values, "tokens": tokens})
+
+    def _write(self, row: dict[str, Any]) -> dict[str, Any]:
+        step = row["step"]
         if not self.enabled:
             return row
         env_faults.disk_full("metrics", step, self.path)  # tests only
@@ -113,7 +123,7 @@ class MetricsLogger:
             f.write(metrics_file.encode_row(row) + "\n")  # strict JSON: a non-finite value is written as text
         if self.wandb_run is not None:
             self.wandb_run.log(wandb_values(row), step=step)
-        if self.progress is None and "loss" in row:  # a step-0 validation row has no training loss
+        if self.progress is None and "loss" in row:  # a validation row of its own has no training loss
             log.info(
                 "step %d/%d loss %.4f lr %.3g tok/s %.0f%s",
                 step, self.max_steps, row["loss"], row["lr"], row["tokens_per_s"], telemetry_text(row),

@@ -90,6 +90,13 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return read_file(Path(run_dir) / FILE_NAME)
 
 
+def training_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of a training step: those with the step's `loss` (nan included). A row of validation alone (step 0
+    with eval.at_start; a resume's repeated pass before that was fixed, with a tokens_per_s of 0) trained nothing:
+    it is no loss, learning-rate or throughput sample, and not the run's last loss."""
+    return [row for row in rows if "loss" in row]
+
+
 def is_nonfinite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 

@@ -29,6 +29,12 @@ def validation_rows(run_dir: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 yield row["step"], values
 
 
+def validated(run_dir: Path, step: int) -> bool:
+    """Whether a validation of `step` is recorded already (a metrics.jsonl row or an evaluation job's result): the
+    loop does not run that step's pass again when it resumes there (train/evaluation/validator.py due_at_start)."""
+    return any(logged == step for logged, _ in validation_rows(run_dir))
+
+
 def set_name(key: str) -> str | None:
     """NAME of a `val/NAME/loss` key; None for other keys."""
     if key.startswith(PREFIX) and key.endswith(LOSS) and len(key) > len(PREFIX) + len(LOSS):

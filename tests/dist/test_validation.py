@@ -1,10 +1,13 @@
 """In-loop validation (eval.*) on 2 CPU ranks: the logged validation loss equals a single-process evaluation of
 the same weights on the same samples, and a run with validation trains bitwise like one without (dropout on, so
-a pass that drew from the training RNG or left the model in eval mode would show)."""
+a pass that drew from the training RNG or left the model in eval mode would show). A run resumed at a validated
+step (a stop, a periodic checkpoint, a restart before the first checkpoint, max_steps raised) validates each step
+once: one row per step, no pass repeated, the losses of an uninterrupted run."""
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -13,8 +16,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from launcher.compose import compose_and_plan
+from launcher.errors import EXIT_STOPPED
 from launcher.run.local import free_port
-from tests.conftest import read_metrics
+from tests.conftest import hq, launch, read_metrics
 from tests.dist.workers import train_and_dump_full_model
 from train.build import build_model, logits_of
 from train.data.synthetic import SyntheticTokens
@@ -74,3 +78,52 @@ def test_validation_loss_is_the_single_process_loss_and_training_is_unchanged(ru
     plain_ref = torch.load(plain / "reference.pt", weights_only=False)
     assert ref["losses"] == plain_ref["losses"] and len(ref["losses"]) == STEPS
     assert not any("val/val/loss" in r for r in read_metrics(plain))
+
+
+PASS = re.compile(r"\[rank 0/2 [^]]*\] validation: val/val/loss")  # rank 0's line of each pass
+
+
+def _passes(out: str) -> int:
+    return len(PASS.findall(out))
+
+
+def _resumable(run_root: Path, max_steps: int = 30) -> list[str]:
+    return [*[o for o in COMMON if not o.startswith("trainer.")], "trainer.micro_batch_size=2",
+            "trainer.global_batch_size=8", f"trainer.max_steps={max_steps}", "trainer.ckpt_every=10",
+            "trainer.log_every=1", "eval.every=10", f"eval.batches={BATCHES}", "eval.at_start=true", "local.nproc=2",
+            "logger.backend=none", f"run.root={hq(run_root)}"]
+
+
+def _by_step(rows: list[dict]) -> dict[int, tuple[float | None, float | None]]:
+    return {r["step"]: (r.get("loss"), r.get("val/val/loss")) for r in rows}
+
+
+def test_a_requeued_run_validates_each_step_once_with_the_losses_of_an_uninterrupted_one(run_root: Path) -> None:
+    whole = launch(*_resumable(run_root), "run.name=whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert _passes(whole.stderr) == 4  # steps 0, 10, 20, 30
+    # 1: dies in step 3, before its first checkpoint (the restart keeps the step-0 row); 2: stops as on preemption at
+    # step 10, a validated step; 3: dies in step 25, so 4 resumes from the periodic checkpoint of step 20.
+    faults = [{"SLURMTRAIN_TEST_RAISE": "0:3"}, {"SLURMTRAIN_TEST_SIGNAL": "10:1"}, {"SLURMTRAIN_TEST_RAISE": "1:25"},
+              {}]
+    attempts = [launch(*_resumable(run_root), "run.name=split", **fault) for fault in faults]
+    codes = [a.returncode for a in attempts]
+    assert codes[1:4:2] == [EXIT_STOPPED, 0] and not {codes[0], codes[2]} & {0, EXIT_STOPPED}, \
+        [a.stderr[-2000:] for a in attempts]
+    assert "resumed from" in attempts[3].stderr and "step 20," in attempts[3].stderr
+    # Each attempt ran the passes of the steps it reached first: 0; 10; 20; 30.
+    assert [_passes(a.stderr) for a in attempts] == [1, 1, 1, 1], attempts[3].stderr[-3000:]
+    rows = read_metrics(run_root / "split")
+    assert [r["step"] for r in rows] == list(range(0, 31))  # one row per step
+    assert _by_step(rows) == _by_step(read_metrics(run_root / "whole"))  # float equality: bitwise
+    assert not any("tokens_per_s" in r for r in rows if "loss" not in r)  # the step-0 row measured no throughput
+
+
+def test_raising_max_steps_does_not_validate_the_old_end_again(run_root: Path) -> None:
+    first = launch(*_resumable(run_root, max_steps=20), "run.name=longer")
+    assert first.returncode == 0 and _passes(first.stderr) == 3, first.stderr[-3000:]  # 0, 10, 20
+    second = launch(*_resumable(run_root, max_steps=30), "run.name=longer")
+    assert second.returncode == 0 and _passes(second.stderr) == 1, second.stderr[-3000:]  # 30 only
+    rows = read_metrics(run_root / "longer")
+    assert [r["step"] for r in rows] == list(range(0, 31))
+    assert [r["step"] for r in rows if "val/val/loss" in r] == [0, 10, 20, 30]

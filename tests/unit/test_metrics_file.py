@@ -105,6 +105,20 @@ def test_the_writer_writes_strict_json_and_wandb_gets_floats(tmp_path: Path) -> 
     assert [r["step"] for r in metrics_file.read_metrics(tmp_path)] == [1]
 
 
+def test_a_validation_row_of_its_own_has_no_throughput(tmp_path: Path) -> None:
+    """Step 0 with eval.at_start: no training step ran, so neither metrics.jsonl nor wandb gets a tokens_per_s (a 0
+    there read as a stall at step 0)."""
+    logger = metrics_logger(tmp_path)
+    logger.start(0, 0, None, {})
+    logger.wandb_run = FakeWandbRun()
+    logger.log_validation(0, 0, {"val/val/loss": 5.5, "val/val/ppl": 244.7})
+    logger.log(1, 32, None, loss=5.4, lr=1e-3, grad_norm=0.8)
+    step0, step1 = metrics_file.read_metrics(tmp_path)
+    assert set(step0) == {"step", "time", "val/val/loss", "val/val/ppl", "tokens"} and step0["tokens"] == 0
+    assert step1["tokens_per_s"] > 0 and metrics_file.training_rows([step0, step1]) == [step1]
+    assert "tokens_per_s" not in logger.wandb_run.logged[0] and "tokens_per_s" in logger.wandb_run.logged[1]
+
+
 @pytest.fixture
 def diverged_run(tmp_path: Path) -> Path:
     rows = [{"step": 1, "loss": 5.5, "lr": 1e6, "grad_norm": 0.8, "tokens_per_s": 100.0, "tokens": 32},

@@ -12,15 +12,18 @@ fewer samples than a pass reads is read round-robin; the first pass says so (set
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from launcher.observe import validation_log
 from launcher.run.eval_jobs import jobs_enabled
 from train.build import logits_of
 from train.data.batches import IGNORE_INDEX, planned_micro_batches
+from train.distributed import all_reduce_max
 from train.evaluation.set_batches import SetBatches, samples_in
 from train.evaluation.sets import HELD_OUT_START, enabled, eval_section, repeat_warning, resolved_sets
 from train.metrics import log
@@ -97,6 +100,16 @@ class Validator:
         if step == 0:
             return self.at_start
         return bool(self.every) and (step % self.every == 0 or step == self.max_steps)
+
+    def due_at_start(self, step: int, run_dir: Path) -> bool:
+        """Due at the step a run starts or resumes from, unless its validation is recorded in the run directory
+        already: a checkpoint is saved after its step's pass (a periodic save at a multiple of eval.every, a stop at
+        one, the end before max_steps is raised), and a restart with no checkpoint keeps the step-0 row. Rank 0 reads
+        the record; every rank follows its answer (the pass is a collective)."""
+        if not self.due(step):
+            return False
+        recorded = self.strategy.env.is_main and validation_log.validated(run_dir, step)
+        return not all_reduce_max(int(recorded), self.device)
 
     def run(self, model: torch.nn.Module) -> dict[str, float]:
         """Every set's global loss and perplexity, as metrics fields val/NAME/loss and val/NAME/ppl."""
