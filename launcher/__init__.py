@@ -12,6 +12,7 @@ What a user or a job types, and the foundations everything imports, are at the t
     compose.py    the config composed outside `python -m launcher` (tests, benchmarks, notebooks)
     schema.py     the dataclasses that declare every config key
     errors.py     ConfigError (one line that names the fix) and the exit codes
+    terminal.py   standard output and error that outlive a closed terminal (the launcher's and the ranks')
     checks/       refusals before anything runs: keys, inputs, cluster, Hydra's errors, resuming a run directory
     plan/         the launch plan: world size, layout, memory, strategy, learning rate, budget, weights
     run/          where a run goes and how it starts: dispatch, local workers, SLURM, the run directory, eval jobs

@@ -14,6 +14,7 @@ from launcher.checks.overrides import typed_as
 from launcher.errors import EXIT_BAD_INPUT, ConfigError, SweepExit
 from launcher.run.dispatch import dispatch
 from launcher.schema import register
+from launcher.terminal import outlive_terminal
 
 _composed = False
 
@@ -56,6 +57,7 @@ def _compose_once() -> None:
 
 
 def main() -> None:
+    outlive_terminal()  # a closed pipe or terminal (`| head`, a dropped SSH session) neither stops nor fails a run
     register()
     _compose_once()
     hydra_errors.hold()

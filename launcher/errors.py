@@ -7,6 +7,9 @@ EXIT_BAD_INPUT = 2
 EXIT_STOPPED = 75
 # A run that stability.nonfinite=stop (or its last allowed rollback) ended: never requeued, the cause needs a person.
 EXIT_DIVERGED = 76
+# Local workers stopped at once by a second Ctrl-C, without a checkpoint (an end recorded as `killed`): 128 + SIGINT,
+# as a shell reports a command that Ctrl-C ended.
+EXIT_KILLED = 130
 
 
 class ConfigError(Exception):

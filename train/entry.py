@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -37,6 +38,10 @@ def check_launch(environ: dict[str, str]) -> None:
 
 def run(config_path: str | Path) -> int:
     started = time.time()
+    from launcher.terminal import outlive_terminal
+
+    # First: a terminal that goes away (`| head`, a dropped SSH session) must not end the rank, nor change its outcome.
+    outlive_terminal()
     check_launch(dict(os.environ))
     cfg = load_config(config_path)
     from train.signals import StopFlag, preempt_signal
@@ -56,6 +61,7 @@ def run(config_path: str | Path) -> int:
     run_dir = Path(config_path).resolve().parent
     env = distributed.detect()
     setup_logging(env)
+    outlive_terminal(on_gone=terminal_gone)
     begin_attempt(run_dir, env.is_main)
     # Reproducible CPU math needs a fixed thread count; it is a config value, not a property of the host.
     torch.set_num_threads(cfg.trainer.cpu_threads)
@@ -122,6 +128,14 @@ def end_if_environment(err: BaseException, run_dir: Path, env: Any, step: int, s
     if ending is not None:
         end_for_environment(run_dir, ending, err, rank=env.rank, step=step, started=started)
         raise SystemExit(EXIT_ENVIRONMENT) from None
+
+
+def terminal_gone(stream: str) -> None:
+    """Said once, in the rank's log file (launcher/terminal.py): where its output goes on."""
+    from train.recovery import _to_rank_log
+
+    _to_rank_log(logging.WARNING, f"the terminal went away ({stream}: its reader closed or it hung up); training "
+                 "goes on, its output goes on in this log file", None)
 
 
 def _cluster_backend(cfg: Any) -> str | None:

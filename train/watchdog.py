@@ -145,6 +145,7 @@ class Watchdog:
         if self._section is None or self._section[0] != "startup":
             self.enter("step")
         if self._test_hang == step:
+            log.warning("rank %d stops making progress in step %d (%s)", self.rank, step, TEST_HANG_ENV)
             while True:  # a rank that stops making progress, for the tests
                 time.sleep(1)
         if self._test_raise == step:

@@ -1,10 +1,12 @@
 """RUN_DIR/events.jsonl: one line per attempt's end, and the figures derived from it. Pure stdlib (login side).
 
     {"time": epoch, "kind": "finished" | "preempted" | "stopped" | "cancelled" | "crashed" | "hung" | "limit_reached"
-     | "environment", "attempt": N, "job": id, "host": name, "step": N, "steps_lost": K, ...}
+     | "environment" | "killed", "attempt": N, "job": id, "host": name, "step": N, "steps_lost": K, ...}
 
 An `environment` end (train/environment_errors.py: a full disk, a vanished or read-only run directory, host memory
-exhausted) carries its cause and the one line the user saw (`message`).
+exhausted) carries its cause and the one line the user saw (`message`). A `killed` end is a local run stopped at
+once, without a checkpoint (a second Ctrl-C): the local launcher records it, as it records the end of an attempt
+whose rank 0 died without recording one (launcher/run/local_ends.py); `step` is then the newest step logged.
 
 Lines of the stability kinds (train/stability) come between the ends: "skipped_step" (a step not applied: its
 reason, nonfinite, spike or loss_scale (an fp16 overflow the loss scaler skipped, routine), and its samples),
@@ -84,10 +86,11 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return events
 
 
-def start_local_attempt(run_dir: Path) -> int:
+def start_local_attempt(run_dir: Path, pid: int | None = None, start_time: float | None = None) -> int:
     """Number a local attempt of the run as it starts and note it: one past every earlier local attempt, those that
     recorded their end and those that died without a word (each start is a line of RUN_DIR/local_attempts.txt;
-    ends recorded before that file existed count too)."""
+    ends recorded before that file existed count too). `pid`, `start_time`: its rank 0 and start, when another process
+    numbers it afterwards (the local launcher, for a rank 0 that died first); this process and now by default."""
     ledger = Path(run_dir) / LOCAL_ATTEMPTS_FILE
     started = []
     if ledger.is_file():
@@ -99,7 +102,8 @@ def start_local_attempt(run_dir: Path) -> int:
     number = max(1 + max(started, default=-1), len(ended),
                  1 + max((int(e.get("attempt") or 0) for e in ended), default=-1))
     with open(ledger, "a") as f:
-        f.write(f"{number} {time.time():.3f} {socket.gethostname()} {os.getpid()}\n")
+        f.write(f"{number} {time.time() if start_time is None else start_time:.3f} {socket.gethostname()} "
+                f"{os.getpid() if pid is None else pid}\n")
     return number
 
 
@@ -119,6 +123,30 @@ def last_local_attempt(run_dir: Path) -> tuple[int, float] | None:
     return None
 
 
+def local_attempt_of(run_dir: Path, pid: int) -> tuple[int, float] | None:
+    """The number and start time of the local attempt that process `pid` of this host (its rank 0) numbered; None
+    when it numbered none (it died first)."""
+    try:
+        lines = (Path(run_dir) / LOCAL_ATTEMPTS_FILE).read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        parts = line.split()
+        if len(parts) >= 4 and parts[0].isdigit() and parts[2:4] == [socket.gethostname(), str(pid)]:
+            try:
+                return int(parts[0]), float(parts[1])
+            except ValueError:
+                return None
+    return None
+
+
+def local_attempt_end(run_dir: Path, attempt: int) -> dict[str, Any] | None:
+    """The recorded end of local attempt `attempt`, None before one."""
+    ends = [e for e in read_events(run_dir)
+            if e.get("job") is None and e.get("attempt") == attempt and e.get("kind") not in WITHIN_ATTEMPT]
+    return ends[-1] if ends else None
+
+
 def settle_steps_lost(run_dir: Path, resumed_step: int) -> None:
     """A resume knows what the last attempt really lost: its end's step less the step resumed from. (At a crash an
     asynchronous save may still complete after the end was recorded, so the recorded count can be too high.)"""
@@ -127,7 +155,7 @@ def settle_steps_lost(run_dir: Path, resumed_step: int) -> None:
     if not ends or ends[-1].get("step") is None:
         return
     last = ends[-1]
-    if last.get("kind") not in ("crashed", "hung", "preempted", "stopped", "cancelled", "environment"):
+    if last.get("kind") not in ("crashed", "hung", "preempted", "stopped", "cancelled", "environment", "killed"):
         return
     lost = max(0, int(last["step"]) - int(resumed_step))
     if last.get("steps_lost") == lost:
@@ -183,7 +211,7 @@ def last_end(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 # Ends whose work after the newest checkpoint is gone (a resume starts from that checkpoint again).
-LOSING_ENDS = ("diverged", "crashed", "hung", "environment", "limit_reached")
+LOSING_ENDS = ("diverged", "crashed", "hung", "environment", "limit_reached", "killed")
 
 
 def kept_step(events: list[dict[str, Any]], metrics: list[dict[str, Any]], checkpoint_step: int | None,
@@ -196,15 +224,15 @@ def kept_step(events: list[dict[str, Any]], metrics: list[dict[str, Any]], check
 
 
 def ending_state(events: list[dict[str, Any]], final: dict[str, Any] | None) -> str | None:
-    """The state a run left by `final` is in: diverged (stability stopped it), or crashed or hung and not run
-    again (after limit_reached: the failure before it); None for the other ends."""
+    """The state a run left by `final` is in: diverged (stability stopped it), or crashed, hung or killed and not
+    run again (after limit_reached: the failure before it); None for the other ends."""
     if final is None:
         return None
     kind = final.get("kind")
     if kind == "limit_reached":
         before = [e for e in events if e.get("kind") in ("crashed", "hung") and e is not final]
         kind = before[-1].get("kind") if before else "crashed"
-    return kind if kind in ("diverged", "crashed", "hung") else None
+    return kind if kind in ("diverged", "crashed", "hung", "killed") else None
 
 
 def skipped_steps(events: list[dict[str, Any]]) -> list[int]:

@@ -5,8 +5,10 @@ show rank 0 live on the terminal and put every other rank in its own log file.
 
 Rank 0 writes to the terminal (and to logs/rank_0.log); the other ranks write to logs/rank_N.log. If any
 worker fails, the others are stopped and the failing worker's traceback is shown. Ctrl-C, SIGUSR1, SIGTERM or
-SIGHUP to the
-launcher is forwarded to the workers as SIGUSR1 (checkpoint and exit); a second Ctrl-C stops them at once.
+SIGHUP to the launcher is forwarded to the workers as SIGUSR1 (checkpoint and exit); a second Ctrl-C stops them at
+once (recorded as `killed`, launcher/run/local_ends.py). Signals within INTERRUPT_WINDOW_S of the first are that
+same interrupt delivered again: GNU timeout, for one, signals its child and then its whole process group, so the
+launcher gets one SIGINT twice at once; a second Ctrl-C that a person presses comes later.
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from launcher.errors import EXIT_DIVERGED, EXIT_STOPPED
-from launcher.observe import metrics_file
-from launcher.observe.events import is_secondary_text, last_local_attempt, record_environment_end
+from launcher.errors import EXIT_DIVERGED, EXIT_KILLED, EXIT_STOPPED
+from launcher.observe.events import is_secondary_text, record_environment_end
+from launcher.run import local_ends
 from train import environment_errors as environment
 
 GRACE_S = 30.0
 POLL_S = 0.1
+INTERRUPT_WINDOW_S = 1.0
+# Tests only: another window (0: every repeated SIGINT is a second Ctrl-C).
+INTERRUPT_WINDOW_ENV = "SLURMTRAIN_TEST_INTERRUPT_WINDOW_S"
 
 
 def free_port() -> int:
@@ -85,7 +90,11 @@ class WorkerGroup:
         self.run_dir = config_path.parent
         self.procs: list[subprocess.Popen[bytes]] = []
         self.log_paths: list[Path] = []
-        self.interrupts = 0
+        self.started = time.time()  # the attempt's start, should rank 0 die before it notes its own
+        # When the workers were last asked to checkpoint and stop; whether a second Ctrl-C then stopped them at once.
+        self.stop_asked: float | None = None
+        self.killed = False
+        self.window = float(os.environ.get(INTERRUPT_WINDOW_ENV, INTERRUPT_WINDOW_S))
         # Outside the run directory, which may be the very thing that failed: where ranks leave their one-line
         # environmental endings (train/environment_errors.py) for this launcher to print once.
         self.ending_dir = Path(tempfile.mkdtemp(prefix="slurmtrain-endings-"))
@@ -116,13 +125,18 @@ class WorkerGroup:
                     pass
 
     def on_interrupt(self, signum: int, frame: FrameType | None) -> None:
-        self.interrupts += 1
-        if signum != signal.SIGINT or self.interrupts == 1:
-            print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop "
-                  "(Ctrl-C again to stop them now)", file=sys.stderr)
-            self.signal_all(signal.SIGUSR1)
-        else:
+        now = time.monotonic()
+        if self.stop_asked is not None and now - self.stop_asked < self.window:
+            return  # the same interrupt, delivered again
+        if signum == signal.SIGINT and self.stop_asked is not None:
+            self.killed = True
+            print("launcher: got SIGINT again: stopping the workers now, without a checkpoint", file=sys.stderr)
             self.signal_all(signal.SIGKILL)
+            return
+        self.stop_asked = now
+        print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop "
+              "(Ctrl-C again to stop them now, losing the steps since the last checkpoint)", file=sys.stderr)
+        self.signal_all(signal.SIGUSR1)
 
     def stop(self, deadline_s: float = GRACE_S) -> None:
         self.signal_all(signal.SIGTERM)
@@ -139,6 +153,9 @@ class WorkerGroup:
         while True:
             codes = [p.poll() for p in self.procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0, EXIT_STOPPED, EXIT_DIVERGED)]
+            if self.killed and failed:
+                self.stop()
+                return self.report_killed()
             if failed:
                 rank, code = self.first_failure(failed)
                 self.stop()
@@ -147,6 +164,9 @@ class WorkerGroup:
                     print(ending, file=sys.stderr)
                     return environment.EXIT_ENVIRONMENT
                 self.report_failure(rank, code)
+                # Rank 0 records its attempt's end, even where a peer failed first; the launcher, where it died too.
+                local_ends.record_end(self.run_dir, self.procs[0].pid, self.started, "crashed",
+                                      error=f"rank {rank} {self.reason(code)}")
                 return code if code > 0 else 128 - code
             if all(c is not None for c in codes):
                 if any(c == EXIT_DIVERGED for c in codes):  # stability stopped the run: rank 0 said why, in one line
@@ -177,7 +197,6 @@ class WorkerGroup:
             except (OSError, ValueError):
                 continue
         host = socket.gethostname()
-        attempt = last_local_attempt(self.run_dir)
         fields: dict[str, object]
         # A rank the OOM killer took says nothing itself; its peers fail after it (they lost it).
         killed = [r for r, p in enumerate(self.procs) if p.returncode == -signal.SIGKILL]
@@ -185,39 +204,45 @@ class WorkerGroup:
         if endings:
             fields = endings[min(endings)]
         elif oom is not None:
-            step = self.last_logged_step()
+            step = local_ends.last_logged_step(self.run_dir)
             fields = {"cause": environment.OOM_KILLED, "step": step, "host": host,
                       "message": environment.oom_killed_line(oom, host, step, self.run_dir)}
         else:
             problem = environment.run_dir_problem(self.run_dir, f"(rank {rank} on {host})")
             if problem is None:
                 return None
-            fields = {"cause": problem.cause, "message": problem.line, "host": host, "step": self.last_logged_step()}
-        if attempt is not None:
-            fields.setdefault("started", attempt[1])
-            fields.setdefault("ended", time.time())
-            try:
-                record_environment_end(self.run_dir, attempt[0], **fields)
-            except OSError:
-                pass  # the run directory takes no write: the line on the terminal is all there is
-        return str(fields["message"])
-
-    def last_logged_step(self) -> int | None:
+            fields = {"cause": problem.cause, "message": problem.line, "host": host,
+                      "step": local_ends.last_logged_step(self.run_dir)}
         try:
-            rows = metrics_file.read_metrics(self.run_dir)
+            number, started = local_ends.this_attempt(self.run_dir, self.procs[0].pid, self.started)
+            fields.setdefault("started", started)
+            fields.setdefault("ended", time.time())
+            record_environment_end(self.run_dir, number, **fields)
         except OSError:
-            return None
-        steps = [int(r["step"]) for r in rows if isinstance(r.get("step"), int)]
-        return max(steps, default=None)
+            pass  # the run directory takes no write: the line on the terminal is all there is
+        return str(fields["message"])
 
     def cleanup(self) -> None:
         shutil.rmtree(self.ending_dir, ignore_errors=True)
 
+    @staticmethod
+    def reason(code: int) -> str:
+        return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
     def report_failure(self, rank: int, code: int) -> None:
-        reason = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        print(f"launcher: rank {rank} failed ({reason}); its log: {self.log_paths[rank]}", file=sys.stderr)
+        print(f"launcher: rank {rank} failed ({self.reason(code)}); its log: {self.log_paths[rank]}", file=sys.stderr)
         if rank != 0:
             print(tail(self.log_paths[rank]), file=sys.stderr)
+
+    def report_killed(self) -> int:
+        """After the second Ctrl-C: the attempt's end (`killed`, unless a rank recorded its end first) and how to go
+        on."""
+        end = local_ends.record_end(self.run_dir, self.procs[0].pid, self.started, "killed")
+        lost = "" if end is None else (f" at step {end['step']}; the {end['steps_lost']} step(s) since the last "
+                                       "checkpoint are lost")
+        print(f"launcher: workers stopped at once{lost}; run the same command to resume from the last checkpoint "
+              f"(run directory {self.run_dir})", file=sys.stderr)
+        return EXIT_KILLED
 
 
 def run_local(config_path: Path, nproc: int,

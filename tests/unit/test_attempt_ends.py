@@ -1,8 +1,12 @@
 """How an attempt's end is recorded: a user's cancel is told from a failure by SLURM's own word (fake scontrol and
-sacct here; tests/slurm/test_cancel.py does it for real), and local attempts are numbered over the run directory."""
+sacct here; tests/slurm/test_cancel.py does it for real), local attempts are numbered over the run directory, the
+local launcher tells one interrupt delivered twice from a second Ctrl-C (a fake clock here;
+tests/dist/test_local_attempts.py sends real signals) and records the end its ranks could not."""
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.observe.events import LOCAL_ATTEMPTS_FILE, read_events, record_event, start_local_attempt
+from launcher.run import local, local_ends
 from train import recovery
 from train.preemption import StopOutcome
 
@@ -122,3 +127,81 @@ def test_local_attempts_are_numbered_over_the_run_directory(tmp_path: Path, monk
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "4")
     assert recovery.attempt() == 4
+
+
+class FakeWorker:
+    """A running worker that notes the signals it is sent."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.sent = pid, []
+
+    def poll(self) -> None:
+        return None
+
+    def send_signal(self, sig: int) -> None:
+        self.sent.append(sig)
+
+
+@pytest.mark.parametrize(("signals", "forwarded", "killed"), [
+    # (seconds after the first, signal): GNU timeout signals its child, then its process group: one interrupt.
+    ([(0.0, signal.SIGINT), (0.001, signal.SIGINT)], [signal.SIGUSR1], False),
+    ([(0.0, signal.SIGINT), (0.9, signal.SIGINT)], [signal.SIGUSR1], False),
+    ([(0.0, signal.SIGINT), (2.0, signal.SIGINT)], [signal.SIGUSR1, signal.SIGKILL], True),  # a second Ctrl-C
+    ([(0.0, signal.SIGINT), (0.1, signal.SIGINT), (5.0, signal.SIGINT)], [signal.SIGUSR1, signal.SIGKILL], True),
+    ([(0.0, signal.SIGTERM), (0.0, signal.SIGTERM)], [signal.SIGUSR1], False),
+    ([(0.0, signal.SIGTERM), (3.0, signal.SIGTERM)], [signal.SIGUSR1, signal.SIGUSR1], False),  # never a kill
+    ([(0.0, signal.SIGUSR1), (3.0, signal.SIGINT)], [signal.SIGUSR1, signal.SIGKILL], True),
+])
+def test_signals_that_arrive_together_are_one_interrupt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        signals: list[tuple[float, int]], forwarded: list[int],
+                                                        killed: bool) -> None:
+    monkeypatch.delenv(local.INTERRUPT_WINDOW_ENV, raising=False)
+    group = local.WorkerGroup(tmp_path / "config.yaml", 2)
+    group.procs = [FakeWorker(100), FakeWorker(101)]  # type: ignore[list-item]
+    now = [1000.0]
+    monkeypatch.setattr(local.time, "monotonic", lambda: now[0])
+    try:
+        for at, sig in signals:
+            now[0] = 1000.0 + at
+            group.on_interrupt(sig, None)
+    finally:
+        group.cleanup()
+    assert [w.sent for w in group.procs] == [forwarded, forwarded]  # type: ignore[attr-defined]
+    assert group.killed is killed
+
+
+def test_the_launcher_records_an_end_no_rank_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.observe.metrics_file import FILE_NAME
+    from train import ckpt_layout
+
+    record_event(tmp_path, "stopped", attempt=0, job=None, step=3)
+    (tmp_path / FILE_NAME).write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in range(1, 8)))
+    ckpt_layout.step_dir(tmp_path, 6).mkdir(parents=True)
+    ckpt_layout.write_marker(ckpt_layout.step_dir(tmp_path, 6), step=6)
+    # Rank 0 (pid 4242) died before it numbered its attempt: numbered now, as started when its workers started.
+    end = local_ends.record_end(tmp_path, 4242, 123.0, "killed")
+    assert end is not None and (end["attempt"], end["step"], end["steps_lost"], end["started"]) == (1, 7, 1, 123.0)
+    assert local_ends.record_end(tmp_path, 4242, 123.0, "crashed") is None  # one end per attempt
+    # A rank 0 that numbered its attempt and recorded its end: nothing more.
+    monkeypatch.setattr(recovery, "_local_attempt", 0)
+    for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(key, raising=False)
+    recovery.begin_attempt(tmp_path, is_main=True)
+    record_event(tmp_path, "finished", attempt=recovery.attempt(), job=None, step=7)
+    assert local_ends.record_end(tmp_path, os.getpid(), 0.0, "crashed") is None
+    assert [(e["kind"], e["attempt"]) for e in read_events(tmp_path)] == [("stopped", 0), ("killed", 1),
+                                                                           ("finished", 2)]
+
+
+def test_killed_is_an_end_that_loses_the_steps_after_the_checkpoint(tmp_path: Path) -> None:
+    from launcher.observe import events
+
+    record_event(tmp_path, "killed", attempt=0, job=None, step=7, steps_lost=7, started=0.0, ended=10.0)
+    ends = read_events(tmp_path)
+    metrics = [{"step": s, "step_time_s": 1.0} for s in range(1, 8)]
+    assert events.ending_state(ends, ends[-1]) == "killed"
+    assert events.kept_step(ends, metrics, 4, ends[-1]) == 4
+    assert events.goodput(ends, metrics, 4) == pytest.approx(0.4)
+    events.settle_steps_lost(tmp_path, 4)  # the resume knows: 3 steps lost
+    assert read_events(tmp_path)[-1]["steps_lost"] == 3
+    assert not events.is_failure(ends[-1])  # a person's choice, not a failure of the run
