@@ -2,6 +2,7 @@
 
 DIR is a run directory (config.yaml), a sweep directory (sweep.json) or a run root (a directory of run directories,
 e.g. outputs/): a run root gets one figure of each kind overlaying every run below it, as `launcher.status` lists them.
+`--overlay OUT` overlays the runs of every DIR given instead (loss.png and tokens_per_s.png), written into OUT.
 
     loss.png                   three panels over the step, one line per run in the same colour in each (a sweep's
                                points labelled by their swept values): the loss, the learning rate (on a log axis
@@ -10,6 +11,9 @@ e.g. outputs/): a run root gets one figure of each kind overlaying every run bel
                                evaluation jobs) in the run's colour, dotted with circles, a dash pattern per set
     tokens_per_s.png           one line per run
     final_loss_vs_<key>.png    sweeps only, one per swept key: the final loss of each finished point
+
+The training figures read the rows of training steps only (metrics_file.training_rows): a row of validation alone
+has no loss and measured no throughput. The legend sits above the panels, never over a line or a point.
 
 A value that is not finite (nan, inf: a run that diverged) is never left out: the line stops at the last finite
 value, every non-finite step gets an x on the top edge of the panel in the run's colour, and the first one is
@@ -24,15 +28,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.checks.overrides import override_key
 from launcher.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.observe.metrics_file import number_text, read_metrics
+from launcher.observe.metrics_file import number_text, read_metrics, training_rows
 from launcher.observe.runs import DAMAGED, RunRef, Target, find_runs, load_config, read_config
 from launcher.observe.validation_log import loss_curves
 from launcher.sweeps.sweepdir import Point, Sweep, is_sweep_dir
@@ -47,6 +53,7 @@ DPI = 100  # 800 x 500 pixels (loss.png 800 x 1000)
 PANELS = {"loss": "loss", "lr": "learning rate", "grad_norm": "gradient norm"}  # loss.png, top to bottom
 METRICS = {"tokens_per_s": "tokens/s"}  # one figure each
 WIDE_SPAN = 10.0  # values further apart than this factor get a log axis
+LEGEND_COLUMNS = 4
 VALIDATION_STYLES = (":", "--", "-.", (0, (1, 3)), (0, (5, 2, 1, 2, 1, 2)))  # one per validation set, in order
 
 
@@ -73,10 +80,11 @@ class FinalLoss:
 
 
 def metric_series(runs: list[RunRef], key: str) -> list[Series]:
-    """One series per run that logged `key`; runs without metrics yet have no line (but keep their colour)."""
+    """One series per run that logged `key` at a training step (a row of validation alone is no sample of a
+    training figure); runs without metrics yet have no line (but keep their colour)."""
     out = []
     for i, run in enumerate(runs):
-        rows = [r for r in read_metrics(run.run_dir) if _is_number(r.get(key))]
+        rows = [r for r in training_rows(read_metrics(run.run_dir)) if _is_number(r.get(key))]
         if rows:
             out.append(Series(run.name, [r["step"] for r in rows], [float(r[key]) for r in rows], f"C{i % 10}"))
     return out
@@ -152,6 +160,18 @@ def draw_series(ax: Axes, series: list[Series], name: str) -> None:
     ax.grid(alpha=0.3)
 
 
+def legend_above(fig: Figure, handles: list[Any]) -> None:
+    """The legend above the panels, never over a line or a point however many runs there are (inside a panel it
+    hid the validation points it sat on): in up to LEGEND_COLUMNS columns, fewer where long labels would not fit the
+    figure's width."""
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's, from _figure
+    for columns in range(min(len(handles), LEGEND_COLUMNS), 0, -1):
+        legend = fig.legend(handles=handles, loc="outside upper center", ncols=columns, fontsize="small")
+        if columns == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width:
+            return
+        legend.remove()
+
+
 def spans_widely(numbers: list[float]) -> bool:
     """Positive numbers further apart than WIDE_SPAN: they need a log axis."""
     return bool(numbers) and min(numbers) > 0 and max(numbers) / min(numbers) > WIDE_SPAN
@@ -162,8 +182,7 @@ def line_figure(series: list[Series], ylabel: str, title: str) -> Figure:
     ax = fig.add_subplot()
     draw_series(ax, series, ylabel)
     ax.set(xlabel="step", ylabel=ylabel, title=title)
-    if series:
-        ax.legend(fontsize="small")
+    legend_above(fig, ax.get_legend_handles_labels()[0])
     return fig
 
 
@@ -187,8 +206,7 @@ def training_figure(runs: list[RunRef], title: str) -> Figure:
     axes[0].set_title(title, pad=10)  # clear of the marks on the top edge
     axes[-1].set_xlabel("step")
     if axes[0].get_lines():
-        handles, _ = axes[0].get_legend_handles_labels()
-        axes[0].legend(handles=handles + set_handles, fontsize="small")
+        legend_above(fig, axes[0].get_legend_handles_labels()[0] + set_handles)
     return fig
 
 
@@ -247,7 +265,7 @@ def final_loss_figure(points: list[FinalLoss], key: str, title: str) -> Figure:
     if not points:
         ax.text(0.5, 0.5, "no finished points yet", ha="center", va="center", transform=ax.transAxes)
     if len(groups) > 1:
-        ax.legend(fontsize="small")
+        legend_above(fig, ax.get_legend_handles_labels()[0])
     ax.set(xlabel=key, ylabel="final loss", title=title)
     ax.grid(alpha=0.3)
     return fig
@@ -285,6 +303,30 @@ def load(path: Path) -> tuple[Target, str]:
     return target, title
 
 
+def overlay(paths: list[Path]) -> tuple[Target, str]:
+    """The runs of every DIR as one target (each run once, in the order given) and its title (the DIRs' titles);
+    runs of the same name are labelled with their directory, relative to what they share, to tell them apart."""
+    loaded = [load(path) for path in paths]
+    runs: dict[Path, RunRef] = {}
+    for target, _ in loaded:
+        for run in target.runs:
+            runs.setdefault(run.run_dir.resolve(), run)
+    names = Counter(run.name for run in runs.values())
+    twins = [path for path, run in runs.items() if names[run.name] > 1]
+    shared = Path(os.path.commonpath(twins)) if twins else Path()
+    for path in twins:
+        runs[path].name = f"{runs[path].name} ({os.path.relpath(path, shared) if path != shared else path})"
+    return Target(list(runs.values())), " vs ".join(dict.fromkeys(title for _, title in loaded))
+
+
+def out_dir(path: Path) -> Path:
+    """--overlay's OUT: a directory, made when missing (after every DIR is checked); ConfigError when it is a file."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--overlay {path} is a file: name a directory to write the overlaid plots into "
+                          "(it is made if missing)")
+    return path
+
+
 def write_report(path: Path, target: Target, title: str) -> list[Path]:
     written = [save(training_figure(target.runs, title), path / "loss.png")]
     written += [save(line_figure(metric_series(target.runs, key), label, title), path / f"{key}.png")
@@ -299,12 +341,20 @@ def write_report(path: Path, target: Target, title: str) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a run directory, a sweep directory or a run.root")
+    parser.add_argument("--overlay", type=Path, metavar="OUT",
+                        help="draw the runs of every DIR together (loss.png and tokens_per_s.png, one line per run) "
+                             "into the directory OUT, made if missing, instead of a report in each DIR")
     args = parser.parse_args(argv)
     try:
-        loaded = [(path, *load(path)) for path in args.dirs]  # every DIR checked before anything is written
+        # Every DIR checked before anything is written.
+        if args.overlay is not None:
+            loaded = [(out_dir(args.overlay), *overlay(args.dirs))]
+        else:
+            loaded = [(path, *load(path)) for path in args.dirs]
         for path, target, title in loaded:
             for _, damage in damaged_runs(target):
                 print(f"warning: {damage}", file=sys.stderr)
+            path.mkdir(parents=True, exist_ok=True)
             for written in write_report(path, target, title):
                 print(written)
     except (ConfigError, OSError) as err:

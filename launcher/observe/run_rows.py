@@ -101,16 +101,17 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
     max_steps = (config.get("trainer") or {}).get("max_steps")
     cluster = config.get("cluster") or {}
     metrics = read_metrics(run.run_dir)
-    last = metrics[-1] if metrics else {}
+    trained = metrics_file.training_rows(metrics)
+    last, last_trained = (metrics[-1] if metrics else {}), (trained[-1] if trained else {})
     latest = ckpt_layout.latest_complete_checkpoint(run.run_dir)
     row = Row(
         name=run.name, run_dir=str(run.run_dir), job=run.jobs[-1] if run.jobs else "local", state="",
         step=last.get("step"), max_steps=max_steps, checkpoint_step=latest.step if latest else None, requeues=None,
         hours_unit=None,
-        loss=_number(last.get("loss")), tokens_per_s=_number(last.get("tokens_per_s")),
+        loss=_number(last_trained.get("loss")), tokens_per_s=_number(last_trained.get("tokens_per_s")),
         gpu_hours=None, cpu_hours=None, cost=None,
     )
-    diverged = metrics_file.nonfinite_since(metrics, "loss")
+    diverged = metrics_file.nonfinite_since(trained, "loss")
     row.loss_nonfinite_since = diverged["step"] if diverged else None
     attempt_ends = events.read_events(run.run_dir)
     row.events = events.counts(attempt_ends)

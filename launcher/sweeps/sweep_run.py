@@ -23,7 +23,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from launcher.checks import resume_checks
 from launcher.checks.overrides import override_key, typed_as
 from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
-from launcher.observe.metrics_file import read_metrics
+from launcher.observe.metrics_file import read_metrics, training_rows
 from launcher.plan.launch_plan import Plan, make_plan
 from launcher.run import rundir, slurm
 from launcher.sweeps.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
@@ -316,7 +316,8 @@ def run_here(points: list[PointRun], sweep_dir: Path) -> int:
 
 
 def _last_row(run_dir: Path) -> dict[str, Any]:
-    rows = read_metrics(run_dir)
+    """The newest row of a training step (a row of validation alone has no loss)."""
+    rows = training_rows(read_metrics(run_dir))
     return rows[-1] if rows else {}
 
 

@@ -47,6 +47,12 @@ def make_sweep(root: Path, grid: list[dict[str, str]], max_steps: int = 30,
     return sweep_dir, metrics
 
 
+def legend_texts(fig: Any) -> list[str]:
+    """The entries of the figure's legend (drawn above the panels, report.legend_above)."""
+    [legend] = fig.legends
+    return [t.get_text() for t in legend.get_texts()]
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     path = tmp_path / "report dir with space's"
@@ -67,7 +73,7 @@ def test_loss_figure_has_one_line_per_point(root: Path) -> None:
     for line, rows in zip(lines, metrics, strict=True):
         assert list(line.get_ydata()) == [r["loss"] for r in rows]
         assert list(line.get_xdata()) == [r["step"] for r in rows]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"optim.lr={lr}" for lr in LRS]
+    assert legend_texts(fig) == [f"optim.lr={lr}" for lr in LRS]
 
 
 def test_final_loss_uses_finished_points_on_a_log_axis(root: Path) -> None:
@@ -93,7 +99,7 @@ def test_final_loss_axis_is_linear_within_10x_and_categorical_for_strings(root: 
     [ax] = batch.axes
     assert ax.get_xscale() == "linear"
     # The other swept key tells the lines apart.
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["strategy=ddp", "strategy=fsdp"]
+    assert legend_texts(batch) == ["strategy=ddp", "strategy=fsdp"]
     assert [list(line.get_xdata()) for line in ax.get_lines()] == [[4.0, 8.0, 16.0]] * 2
     strategy = report.final_loss_figure(report.final_losses(target.sweep, target.runs, "strategy"), "strategy", title)
     [ax] = strategy.axes
@@ -130,7 +136,8 @@ def test_a_diverged_run_is_marked_where_its_loss_stopped_being_finite(root: Path
     target, title = report.load(root / "dead")
     single = report.line_figure(report.metric_series(target.runs, "loss"), "loss", title).axes[0]
     assert [s for s, _ in top_edge_marks(single)] == list(range(20, 101, 10))
-    loss_ax = report.training_figure(target.runs, title).axes[0]
+    training = report.training_figure(target.runs, title)
+    loss_ax = training.axes[0]
     [line] = loss_ax.get_lines()
     assert list(line.get_xdata()) == [r["step"] for r in rows]
     assert same_floats(line.get_ydata(), [r["loss"] for r in rows])  # drawn to the last finite point
@@ -139,7 +146,7 @@ def test_a_diverged_run_is_marked_where_its_loss_stopped_being_finite(root: Path
     colour = colors.to_hex(line.get_color())
     assert top_edge_marks(loss_ax) == [(float(s), colour) for s in range(20, 101, 10)]
     assert loss_ax.get_xlim()[1] >= 100  # the steps after the divergence are on the axis
-    [legend] = [t.get_text() for t in loss_ax.get_legend().get_texts()]
+    [legend] = legend_texts(training)
     assert legend == f"dead (loss {text} from step 20)"
     assert f"loss {text} from step 20" in [t.get_text() for t in loss_ax.texts]
     # A finite run has neither marks nor notes.
@@ -261,3 +268,44 @@ def test_a_run_root_with_a_damaged_run_still_plots_every_run(root: Path, capsys:
     assert report.main([str(root / "d_noise")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and restore in err
+
+
+# ---- --overlay OUT: chosen runs in one figure of each kind
+
+def test_overlay_draws_the_chosen_runs_together_into_out(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir, sweep_rows = make_sweep(root / "sweep root", [{"optim.lr": lr} for lr in LRS[:2]])
+    first = write_run(root / "a" / "d", name="d", max_steps=20, losses=[3.0, 2.5])
+    second = write_run(root / "b" / "d", name="d", max_steps=20, losses=[4.0, 3.5])
+    out = root / "compare" / "a and b"
+    dirs = [root / "a" / "d", root / "b" / "d", sweep_dir, root / "a" / "d"]  # the same run twice: drawn once
+    assert report.main([*map(str, dirs), "--overlay", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [str(out / "loss.png"), str(out / "tokens_per_s.png")]
+    assert png_size(out / "loss.png") == (report.TRAINING_FIGSIZE_IN[0] * report.DPI,
+                                          report.TRAINING_FIGSIZE_IN[1] * report.DPI)
+    assert not any(p.name.endswith(".png") for d in dirs for p in d.iterdir())  # each DIR left as it was
+    target, title = report.overlay(dirs)
+    assert title == "d vs my sweep"
+    fig = report.training_figure(target.runs, title)
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    # Runs of the same name are told apart by their directory.
+    expected = {"d (a/d)": first, "d (b/d)": second, "optim.lr=1e-4": sweep_rows[0], "optim.lr=3e-4": sweep_rows[1]}
+    assert list(lines) == list(expected) == legend_texts(fig)
+    for label, rows in expected.items():
+        assert list(lines[label].get_xdata()) == [r["step"] for r in rows]
+        assert list(lines[label].get_ydata()) == [r["loss"] for r in rows]
+    assert len({line.get_color() for line in lines.values()}) == len(expected)  # a colour of its own each
+
+
+@pytest.mark.parametrize("case", ["out is a file", "a dir has no metrics"])
+def test_overlay_bad_input_is_one_line_and_exit_2(root: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    write_run(root / "done", name="done", max_steps=10, losses=[2.0])
+    write_run(root / "fresh", name="fresh", max_steps=10)
+    out = root / "out"
+    if case == "out is a file":
+        out.write_text("keep me\n")
+    dirs = [root / "done", root / ("done" if case == "out is a file" else "fresh")]
+    assert report.main(["--overlay", str(out), *map(str, dirs)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert (out.read_text() == "keep me\n") if case == "out is a file" else not out.exists()
+    assert "--overlay" in err if case == "out is a file" else "fresh has no metrics yet" in err

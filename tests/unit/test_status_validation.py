@@ -12,7 +12,7 @@ import pytest
 
 from launcher import report, status
 from launcher.observe import eval_results, metrics_file, validation_log
-from tests.unit.test_report import make_sweep
+from tests.unit.test_report import legend_texts, make_sweep
 from tests.unit.test_status import run_json, write_run
 
 
@@ -114,7 +114,7 @@ def test_report_draws_every_set_of_every_sweep_point(tmp_path: Path) -> None:
         assert line.get_color() == train_colors[run_name]
         assert line.get_linestyle() == lines[f"{target.runs[0].name} val/{name}"].get_linestyle()
     assert lines[f"{target.runs[0].name} val/val"].get_linestyle() != lines[f"{target.runs[0].name} val/web"].get_linestyle()
-    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    legend = legend_texts(fig)
     assert legend == [run.name for run in target.runs] + ["val/val", "val/web"]
     assert len(metrics) == 3
 
@@ -126,10 +126,98 @@ def test_report_draws_evaluation_job_results_and_marks_a_diverged_set(run_dir: P
     line = validation_lines(fig)["r val/val"]
     assert list(line.get_xdata()) == [0, 20, 40, 60]
     assert [v for v in line.get_ydata() if math.isfinite(v)] == [5.5, 3.25, 2.25]
-    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    legend = legend_texts(fig)
     assert "r val/val (validation loss nan from step 60)" in legend
 
 
 def test_report_writes_loss_png_with_validation(run_dir: Path) -> None:
     assert report.main([str(run_dir)]) == 0
     assert (run_dir / "loss.png").stat().st_size > 0
+
+
+# ---- rows of validation alone: step 0 with eval.at_start, and the repeated pass a resume logged before it was fixed
+
+def add_validation_only_rows(run_dir: Path, rows: dict[int, float], old: bool) -> None:
+    """Rows of `val/val/loss` alone after the run's own rows of their step, as the loop writes them (`old`: with the
+    `tokens_per_s` of 0 the loop wrote in them before)."""
+    written = metrics_file.read_metrics(run_dir)
+    for step, loss in rows.items():
+        row = {"step": step, "val/val/loss": loss, "val/val/ppl": math.exp(loss), "tokens": 4096 * step // 10,
+               **({"tokens_per_s": 0.0} if old else {})}
+        at = max([i + 1 for i, r in enumerate(written) if r["step"] <= step], default=0)
+        written.insert(at, row)
+    (run_dir / "metrics.jsonl").write_text("".join(metrics_file.encode_row(r) + "\n" for r in written))
+
+
+@pytest.mark.parametrize("old", [True, False], ids=["with tokens_per_s 0", "without tokens_per_s"])
+def test_a_validation_row_is_no_throughput_sample_nor_the_last_loss(tmp_path: Path, old: bool,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.sweeps import sweep_run
+
+    run_dir = tmp_path / "r"
+    trained = write_run(run_dir, name="r", max_steps=40, losses=[4.0, 3.0, 2.5, 2.0])
+    add_validation_only_rows(run_dir, {0: 5.5, 20: 3.25, 40: 2.25}, old)
+    target, title = report.load(run_dir)
+    [throughput] = report.metric_series(target.runs, "tokens_per_s")
+    assert throughput.steps == [10, 20, 30, 40] and throughput.values == [r["tokens_per_s"] for r in trained]
+    [line] = report.line_figure([throughput], "tokens/s", title).axes[0].get_lines()
+    assert min(line.get_ydata()) == trained[0]["tokens_per_s"]  # no drop to 0 at step 0, 20 or 40
+    for key in report.PANELS:  # the training panels: one point per training step
+        assert [s.steps for s in report.metric_series(target.runs, key)] == [[10, 20, 30, 40]]
+    assert list(validation_lines(report.training_figure(target.runs, title))["r val/val"].get_xdata()) == [0, 20, 40]
+    # launcher.status and a local sweep's table: the last training row's loss and throughput.
+    [row] = run_json(capsys, str(run_dir))["rows"]
+    assert (row["step"], row["loss"], row["tokens_per_s"]) == (40, 2.0, trained[-1]["tokens_per_s"])
+    assert sweep_run._last_row(run_dir)["loss"] == 2.0
+
+
+def test_a_diverged_run_ending_in_a_validation_row_is_still_diverged(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "dead"
+    write_run(run_dir, name="dead", max_steps=40, losses=[4.0, math.nan, math.nan])
+    add_validation_only_rows(run_dir, {30: math.nan}, old=True)
+    [row] = run_json(capsys, str(run_dir))["rows"]
+    assert row["loss"] == "nan" and row["loss_nonfinite_since"] == 20
+
+
+def test_only_a_step_0_validation_row_shows_no_loss_and_no_throughput(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "starting"
+    write_run(run_dir, name="starting", max_steps=40)
+    add_validation_only_rows(run_dir, {0: 5.5}, old=True)
+    [row] = run_json(capsys, str(run_dir))["rows"]
+    assert (row["step"], row["loss"], row["tokens_per_s"]) == (0, None, None)
+
+
+def _overlaps(fig: Any) -> list[str]:
+    """What a legend of the drawn figure covers: a panel (its lines and points) or a title; and whether one leaves
+    the figure."""
+    fig.canvas.draw()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    assert legends
+    covered = []
+    for legend in legends:
+        box = legend.get_window_extent()
+        covered += [f"panel {i}" for i, ax in enumerate(fig.axes) if box.overlaps(ax.get_window_extent())]
+        covered += [f"title {i}" for i, ax in enumerate(fig.axes) if ax.get_title()
+                    and box.overlaps(ax.title.get_window_extent())]
+        if not fig.bbox.contains(box.x0, box.y0) or not fig.bbox.contains(box.x1, box.y1):
+            covered.append("outside the figure")
+    return covered
+
+
+def test_the_legend_covers_no_line_point_or_title_however_many_runs(tmp_path: Path) -> None:
+    sweep_dir, _ = make_sweep(tmp_path, [{"optim.lr": f"{i}e-3", "optim.weight_decay": wd} for i in range(1, 5)
+                                         for wd in ("0.0", "0.1")])
+    target, title = report.load(sweep_dir)
+    assert target.sweep is not None and len(target.runs) == 8
+    for i, run in enumerate(target.runs):
+        add_validation(run.run_dir, {0: {"val": 5.0, "web": 5.5}, 10: {"val": 3.0 + i / 8, "web": 4.0},
+                                     30: {"val": 2.0 + i / 8, "web": 3.0}})
+    figures = {"loss.png": report.training_figure(target.runs, title),
+               "tokens_per_s.png": report.line_figure(report.metric_series(target.runs, "tokens_per_s"), "tokens/s",
+                                                      title),
+               "final loss": report.final_loss_figure(report.final_losses(target.sweep, target.runs, "optim.lr"),
+                                                      "optim.lr", title)}
+    assert {name: _overlaps(fig) for name, fig in figures.items()} == {name: [] for name in figures}
+    assert legend_texts(figures["loss.png"]) == [run.name for run in target.runs] + ["val/val", "val/web"]
