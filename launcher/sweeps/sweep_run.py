@@ -22,7 +22,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 
 from launcher.checks import resume_checks
 from launcher.checks.overrides import override_key, typed_as
-from launcher.errors import EXIT_BAD_INPUT, EXIT_STOPPED, ConfigError, SweepExit
+from launcher.errors import EXIT_BAD_INPUT, EXIT_KILLED, EXIT_STOPPED, ConfigError, SweepExit
 from launcher.observe.metrics_file import read_metrics, training_rows
 from launcher.plan.launch_plan import Plan, make_plan
 from launcher.run import rundir, slurm
@@ -307,11 +307,12 @@ def run_here(points: list[PointRun], sweep_dir: Path) -> int:
             continue
         print(f"sweep point {p.point.index} ({p.label}): {p.detail}", file=sys.stderr)
         codes[p.point.index] = dispatch(p.cfg, argv=point_command(p))
-        if codes[p.point.index] == EXIT_STOPPED:
-            break  # Ctrl-C or a stop signal: stop the sweep; the same command resumes it
+        if codes[p.point.index] in (EXIT_STOPPED, EXIT_KILLED):
+            break  # Ctrl-C, a stop signal, a second Ctrl-C: stop the sweep; the same command resumes it
     _summary(points, codes, sweep_dir)
-    if any(c == EXIT_STOPPED for c in codes.values()):
-        return EXIT_STOPPED
+    for interrupted in (EXIT_KILLED, EXIT_STOPPED):
+        if interrupted in codes.values():
+            return interrupted
     return 1 if any(codes.values()) else 0
 
 
@@ -331,7 +332,8 @@ def _summary(points: list[PointRun], codes: dict[int, int | None], sweep_dir: Pa
     for p in points:
         code = codes.get(p.point.index)
         result = {None: p.action if p.action != "run" else "not run", 0: "finished",
-                  EXIT_STOPPED: "stopped (resumable)"}.get(code, f"failed (exit {code})")
+                  EXIT_STOPPED: "stopped (resumable)", EXIT_KILLED: "killed (resumable from its last checkpoint)"}.get(
+            code, f"failed (exit {code})")
         row = _last_row(p.run_dir)
         loss = f"{row['loss']:.4f}" if "loss" in row else "-"
         latest = layout.latest_complete_checkpoint(p.run_dir)

@@ -1,17 +1,22 @@
 """`-m` without +cluster: the points train here one after another, a summary table ends the sweep, the same
-sweep command skips finished points, and a failed point makes the sweep fail without stopping the others."""
+sweep command skips finished points, a failed point makes the sweep fail without stopping the others, and a second
+Ctrl-C stops the sweep."""
 
 from __future__ import annotations
 
 import hashlib
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from launcher.errors import EXIT_KILLED
+from launcher.observe.events import read_events
 from launcher.sweeps.sweepdir import load_sweep
-from tests.conftest import hq, launch, read_metrics
+from tests.conftest import hq, launch, launcher_env, read_metrics
 
 pytestmark = pytest.mark.dist
 
@@ -57,3 +62,31 @@ def test_a_failed_point_fails_the_sweep_after_the_others_ran(run_root: Path) -> 
     assert "failed (exit" in out.stderr
     sweep = load_sweep(next((run_root / "sweeps").iterdir()))
     assert [r["step"] for r in read_metrics(Path(sweep.points[1].run_dir))] == [1, 2]
+
+
+def test_a_second_ctrl_c_stops_the_sweep_not_only_its_point(run_root: Path) -> None:
+    # Point 0 stops making progress in its step 3; a second Ctrl-C stops it at once: the next point must not start.
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-m", "run.name=first,second", "trainer.max_steps=4",
+                             "trainer.log_every=1", "local.nproc=1", "logger.backend=none", f"run.root={hq(run_root)}"],
+                            cwd=run_root, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=launcher_env(SLURMTRAIN_TEST_HANG="0:3", SLURMTRAIN_TEST_ONLY_IN="first",
+                                             SLURMTRAIN_TEST_INTERRUPT_WINDOW_S="0"))
+    assert proc.stderr is not None
+    seen = []
+    for wanted in ("stops making progress in step 3", "got SIGINT"):
+        if wanted == "got SIGINT":
+            proc.send_signal(signal.SIGINT)
+        for line in proc.stderr:
+            seen.append(line.decode(errors="replace"))
+            if wanted in seen[-1]:
+                break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    full = "".join(seen) + err.decode()
+    said = full[-3000:]
+    assert proc.returncode == EXIT_KILLED, said
+    assert "killed (resumable from its last checkpoint)" in said
+    sweep = load_sweep(next((run_root / "sweeps").iterdir()))
+    assert [e["kind"] for e in read_events(Path(sweep.points[0].run_dir))] == ["killed"]
+    assert full.count("launcher: started") == 1  # the second point never started
+    assert not (Path(sweep.points[1].run_dir) / "local_attempts.txt").exists()
