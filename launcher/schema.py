@@ -390,6 +390,11 @@ class StabilityConfig:
     # disagrees with the majority is silent data corruption: the run rolls back to the newest checkpoint verified
     # consistent (under SLURM: requeued without that host). 0: off (then no checkpoint is verified).
     replica_check_every: int = num(200, 0)
+    # A loss more than this many nats above the best the run reached has blown up (train/stability/blowup.py; the
+    # references are capped at ln(vocab), a random model's loss): its checkpoint is no rollback target and not "good"
+    # in the stop line. Above the run's start by as much, the stop line cuts the rate 10x or more and launcher.status
+    # flags the run. 2.3 = ln 10: a perplexity ten times the reference's, for any vocabulary.
+    blowup_margin: float = num(2.3, 0, lo_open=True)
 
 
 @dataclass

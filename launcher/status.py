@@ -28,14 +28,19 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def state_cell(row: Row) -> Any:
-    """The state, and in red since when the loss has been nan or inf: a diverged run must not look healthy."""
+    """The state, and in red since when the loss has been nan or inf, or far above the run's start (blown up): a
+    diverged run must not look healthy."""
     from rich.text import Text
 
     if row.config_damage is not None:
         return Text(row.state, style="red")
-    if row.loss_nonfinite_since is None or row.loss is None:
+    if row.loss is None:
         return row.state
-    return Text(f"{row.state}, loss {_fmt(row.loss, '.4f')} since step {row.loss_nonfinite_since}", style="red")
+    if row.loss_nonfinite_since is not None:
+        return Text(f"{row.state}, loss {_fmt(row.loss, '.4f')} since step {row.loss_nonfinite_since}", style="red")
+    if row.loss_blown_since is not None:  # finite, but far above where the run started: the rate is far too high
+        return Text(f"{row.state}, loss far above its start since step {row.loss_blown_since}", style="red")
+    return row.state
 
 
 def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:

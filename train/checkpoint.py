@@ -161,6 +161,8 @@ class CheckpointManager:
         self.submits_evaluations = env.is_main and cfg.get("cluster") is not None and jobs_enabled(cfg)
         # Whether the replicas agreed at a step (train/stability/replicas.py): each COMPLETE marker records it.
         self.verified: Callable[[int], bool] = lambda step: False
+        # The losses at a step (train/stability: the step's and the run's best so far), for each COMPLETE marker.
+        self.losses_at: Callable[[int], dict[str, Any]] = lambda step: {}
         # More of the trainer state from the loop's parts that keep some (train/stability: what its decisions
         # depend on), called by rank 0 at each save; `loaded`: the trainer state of the checkpoint loaded last.
         self.extra_state: Callable[[], dict[str, Any]] = dict
@@ -312,7 +314,8 @@ class CheckpointManager:
         if os.environ.get(TEST_KILL_ENV) == str(step):
             # Fault injection for tests: die the hard way at the worst moment, shards written, marker not yet.
             os.kill(os.getpid(), signal.SIGKILL)
-        data = {} if self.data_fingerprint is None else {"data": self.data_fingerprint}
+        data: dict[str, Any] = {} if self.data_fingerprint is None else {"data": self.data_fingerprint}
+        data.update(self.losses_at(step))
         layout.write_marker(path, step=step, world_size=self.env.world_size, verified=self.verified(step), **data)
         log.info("checkpoint step %d complete: %s", step, path)
         if (self.submits_evaluations and evaluated_step(self.cfg, step)

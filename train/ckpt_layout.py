@@ -7,7 +7,9 @@
         rng_rank<R>.pt      python, numpy, torch CPU and CUDA RNG states of rank R
         config.yaml         the resolved config this checkpoint was trained with
         COMPLETE            written last, by rank 0, once every rank's files are on disk (JSON: step, world
-                            size, data fingerprint, `verified`: the replicas agreed at this step)
+                            size, data fingerprint, `verified`: the replicas agreed at this step, `loss`: the
+                            step's loss averaged over the ranks, "nan" or "inf" when not finite, `best`: the
+                            run's lowest loss up to it)
 
 A checkpoint without COMPLETE was interrupted (preemption, SIGKILL, node failure) and is never loaded.
 """
@@ -89,12 +91,35 @@ def write_marker(path: Path, **info: object) -> None:
     fsync_dir(path)
 
 
+def marker(checkpoint: CheckpointDir) -> dict[str, object]:
+    """What the checkpoint's COMPLETE marker records ({} when it can't be read)."""
+    try:
+        info = json.loads((checkpoint.path / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def verified(checkpoint: CheckpointDir) -> bool:
     """Whether the replicas were checked and agreed when the checkpoint was saved (its marker says so)."""
+    return marker(checkpoint).get("verified") is True
+
+
+def marker_losses(checkpoint: CheckpointDir) -> tuple[float | None, float | None]:
+    """The loss at the checkpoint's step and the run's best up to it, as its marker records them (None: a marker
+    written without them)."""
+    info = marker(checkpoint)
+    return _number(info.get("loss")), _number(info.get("best"))
+
+
+def _number(value: object) -> float | None:
+    """A marker's number; "nan" and "inf" stand for the values JSON has no words for."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
     try:
-        return json.loads((checkpoint.path / MARKER).read_text()).get("verified") is True
-    except (OSError, ValueError, AttributeError):
-        return False
+        return float(value) if value in ("nan", "inf", "-inf") else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
 
 
 def to_delete(checkpoints: list[CheckpointDir], keep_last: int, keep_every: int) -> list[CheckpointDir]:

@@ -268,7 +268,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 logged = losses[state.step] = float(all_reduce_mean(loss))
                 metrics.log(state.step, state.tokens,
                             {**telemetry.collect(state.step, strategy), **data_progress(source, state.samples)},
-                            loss=logged, lr=lr, grad_norm=float(grad_norm), **stability.log_fields(state.step), **val)
+                            loss=logged, lr=lr, grad_norm=float(grad_norm),
+                            **stability.log_fields(state.step, logged), **val)
             metrics.tick(state.step, logged)
             stop = state.step < t.max_steps and watcher.stop_requested(state.step, stability.wanted())
             # Trouble (train/stability): agreed with the stop, or at the end from every verdict; before any save.

@@ -6,6 +6,7 @@ directory, so a local run shows its progress too.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from launcher.observe import accounting, eval_results, events, metrics_file, val
 from launcher.observe.metrics_file import read_metrics
 from launcher.observe.runs import DAMAGED, RunRef, Target, load_config, merge_jobs
 from train import ckpt_layout, environment_errors
+from train.stability import blowup
 
 
 @dataclass
@@ -49,6 +51,9 @@ class Row:
     corruption: list[str] = field(default_factory=list)
     # Rollbacks with the sample ranges they skip, and the steps not applied (train/stability): one line each.
     stability: list[str] = field(default_factory=list)
+    # The step since which every logged loss has been far above the run's start (train/stability/blowup.py: more than
+    # stability.blowup_margin nats above its first logged loss, capped at ln(vocab)); None while the last is not.
+    loss_blown_since: int | None = None
 
 
 def local_state(latest: ckpt_layout.CheckpointDir | None, max_steps: int | None, has_metrics: bool) -> str:
@@ -96,6 +101,16 @@ def settle_progress(row: Row, attempt_ends: list[dict[str, Any]], metrics: list[
     row.goodput = events.goodput(attempt_ends, metrics, kept)
 
 
+def loss_blown_since(metrics: list[dict[str, Any]], config: dict[str, Any]) -> int | None:
+    """The first step of the logged losses far above the run's start that the rows end with (None: the last one is
+    not), by the run's own stability.blowup_margin and vocabulary."""
+    losses = [(row["step"], value) for row in metrics if (value := _number(row.get("loss"))) is not None]
+    start = next((value for _, value in losses if math.isfinite(value)), None)
+    vocab = (config.get("model") or {}).get("vocab_size")
+    margin = (config.get("stability") or {}).get("blowup_margin", blowup.DEFAULT_MARGIN)
+    return blowup.far_above_since(losses, blowup.reference(start, vocab), float(margin))
+
+
 def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> Row:
     config, damage = load_config(run.run_dir)
     max_steps = (config.get("trainer") or {}).get("max_steps")
@@ -118,6 +133,7 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
     row.evaluation = eval_results.summary(run.run_dir)
     row.corruption = events.corruption_notes(attempt_ends)
     row.stability = events.stability_notes(attempt_ends)
+    row.loss_blown_since = loss_blown_since(metrics, config)
     if attempt_ends and attempt_ends[-1].get("kind") == "environment":
         row.ending = attempt_ends[-1].get("message")
     row.config_damage = damage

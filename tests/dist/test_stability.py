@@ -1,12 +1,16 @@
 """Stability end to end (issue 22): a NaN in one rank's gradients is skipped, rolled back or stops the run as
-stability.nonfinite says; a rollback's skipped samples stay skipped across a requeue; optim.lr=1e4 is caught with
-no non-finite checkpoint; a spike batch is skipped under the spike rule; z-loss resumes bitwise.
+stability.nonfinite says, and the stop line's command resumes past it; a rollback's skipped samples stay skipped
+across a requeue; optim.lr=1e4 is caught with no non-finite checkpoint; a loss blown far above its start (optim.lr=10)
+is never rolled back to and the stop line starts over at a 100x lower rate (issue 27); a spike batch is skipped
+under the spike rule; z-loss resumes bitwise.
 
 Runs are shared through module fixtures and started two at a time (the tier's time is the launches)."""
 
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,8 +20,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from launcher import status
 from launcher.run.local import free_port
-from tests.conftest import hq, launch, read_metrics
+from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
 from train.loop import TRACE_SAMPLES_ENV
 
 pytestmark = pytest.mark.dist
@@ -97,9 +102,14 @@ def stop_and_lr_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
         stop = pool.submit(launch, *COMMON, f"run.root={hq(root)}", "run.name=stop", "local.nproc=2",
                            "trainer.max_steps=12", "trainer.ckpt_every=3", "stability.nonfinite=stop",
                            SLURMTRAIN_TEST_NAN_GRAD=f"{NAN_STEP}:1")
+        # A 4096-token vocabulary at optim.lr=10: the loss goes from ln(4096) = 8.3 to hundreds within two steps,
+        # finite; a NaN at step 7 then asks for a rollback, to checkpoints that all hold the blown loss.
+        blown = pool.submit(launch, *COMMON, f"run.root={hq(root)}", "run.name=blown", "local.nproc=1",
+                            "model.vocab_size=4096", "optim.lr=10", "trainer.max_steps=8", "trainer.ckpt_every=2",
+                            "stability.nonfinite=rollback", SLURMTRAIN_TEST_NAN_GRAD=f"{NAN_STEP}:0")
         high = launch(*COMMON, f"run.root={hq(root)}", "run.name=lr", "local.nproc=1", "trainer.max_steps=30",
                       "trainer.ckpt_every=2", "optim.lr=1e4")
-        yield {"root": root, "stop": stop.result(), "lr": high}
+        yield {"root": root, "stop": stop.result(), "lr": high, "blown": blown.result()}
 
 
 def test_stop_checkpoints_nothing_after_the_step_and_names_it_in_one_line(stop_and_lr_runs: dict) -> None:
@@ -107,9 +117,21 @@ def test_stop_checkpoints_nothing_after_the_step_and_names_it_in_one_line(stop_a
     assert out.returncode == 76, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and errors[0].startswith(f"error: stopped at step {NAN_STEP}: "), out.stderr[-3000:]
-    assert "last good checkpoint (before the trouble) is step 6" in errors[0] and "failed" not in out.stderr
+    assert "one bad batch" in errors[0] and "from the last checkpoint (step 6" in errors[0]
+    assert "failed" not in out.stderr and "lower learning rate" not in errors[0]
     assert sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")) == [3, 6]
     assert _events(run_dir)[-1]["kind"] == "diverged"
+    # The command it gives works as written: the same run resumed from step 6, the bad batch (it comes again) not
+    # applied, on to the end at the same rate.
+    command = errors[0].split("at the same rate: ", 1)[1].split(" (or stability.nonfinite=")[0]
+    assert "stability.nonfinite=skip" in shlex.split(command)
+    again = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=launcher_env(SLURMTRAIN_TEST_NAN_GRAD=f"{NAN_STEP}:1"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    ends = [e for e in _events(run_dir) if e["kind"] in ("skipped_step", "diverged", "finished")]
+    assert [(e["kind"], e["step"]) for e in ends] == [("skipped_step", NAN_STEP), ("diverged", NAN_STEP),
+                                                       ("skipped_step", NAN_STEP), ("finished", 12)]
+    assert read_metrics(run_dir)[-1]["step"] == 12
 
 
 def _finite_checkpoint(path: Path) -> bool:
@@ -144,6 +166,24 @@ def test_a_learning_rate_of_1e4_is_caught_within_a_few_steps_and_no_checkpoint_h
     assert len([e for e in _events(run_dir) if e["kind"] == "rollback"]) == 3
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     assert checkpoints and all(_finite_checkpoint(c) for c in checkpoints)
+
+
+def test_a_loss_blown_far_above_its_start_is_never_rolled_back_to_and_starts_over_10x_lower_or_more(
+        stop_and_lr_runs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    out, run_dir = stop_and_lr_runs["blown"], stop_and_lr_runs["root"] / "blown"
+    assert out.returncode == 76, out.stderr[-3000:]
+    rows = read_metrics(run_dir)
+    assert rows[0]["loss"] < 9 and all(r["loss"] > 20 for r in rows[1:])  # it blew up for real, finite
+    markers = [json.loads((c / "COMPLETE").read_text()) for c in sorted((run_dir / "checkpoints").glob("step_*"))]
+    assert [m["step"] for m in markers] == [2, 4, 6] and all(m["loss"] > 20 for m in markers)
+    assert not [e for e in _events(run_dir) if e["kind"] == "rollback"]  # none of them was a target
+    [line] = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert "no good checkpoint (steps 2, 4, 6" in line and "far above its start" in line
+    args = shlex.split(line.split("with a lower learning rate (", 1)[1].split("): ", 1)[1])
+    lr = float(next(a for a in args if a.startswith("optim.lr=")).split("=")[1])
+    assert lr <= 1 and "run.overwrite=true" in args and not any(a.startswith("model.init_from=") for a in args)
+    assert status.main([str(run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["loss_blown_since"] == 2
 
 
 SPIKE_STEP = 38

@@ -7,6 +7,8 @@
     monitor.py     the host's counts and decision: nothing, roll back or stop (pure Python)
     skips.py       RUN_DIR/skipped_samples.json: sample ranges no later step trains on, and rollbacks so far
     rollback.py    reload the newest complete checkpoint satisfying a predicate, skip sample ranges, record why
+    blowup.py      whether a loss blew up: far above the run's start or best (torch-free: launcher.status uses it)
+    advice.py      the stop line's way on: what the losses say went wrong, and the command that fits it
     state_check.py no checkpoint from non-finite weights or optimizer state
     z_loss.py      the PaLM/OLMo auxiliary loss on the log-partition (optim.z_loss)
     fingerprint.py an exact fingerprint of tensors (two integers each: any flipped bit changes it)

@@ -1,20 +1,66 @@
-"""The way on after stability stopped a run: a command that works as written (pure stdlib).
+"""The way on after stability stopped a run: what the losses say went wrong, and a command that fits it and works as
+written (pure stdlib).
+
+    one bad batch      a single non-finite step after healthy ones (stability.nonfinite=stop): the same run resumed
+                       with stability.nonfinite=skip, which doesn't apply that step and reads on past its samples
+    blew up            the loss far above the run's start (train/stability/blowup.py): a rate lower by a power of
+                       ten (at least 10x), from the last checkpoint not far above the best, else from the weights
+                       the run started from
+    climbed, recurring the loss far above the best it reached, or non-finite steps that kept coming back: half the rate
 
 The resume checks refuse a changed optim.lr on the same run (launcher/checks/resume_checks.py), so "lower the rate and
 run the same command" cannot work. With a good checkpoint the way on is a new run from its weights
 (model.init_from: the optimizer, the schedule and the data position start fresh); with none, the same run over
-(run.overwrite=true). The command is the run's own (RUN_DIR/command.txt, its last launch) with those keys replaced.
+(run.overwrite=true), from the weights it started from. The command is the run's own (RUN_DIR/command.txt, its last
+launch) with those keys replaced.
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from train import ckpt_layout as layout
+from train.stability.blowup import LossHistory, ceiling, far_above, lr_cut, reference
 
 # Keys the advice sets: the run's own values of them are dropped from its command (a key twice is refused).
 REPLACED = ("optim.lr", "run.name", "model.init_from", "run.overwrite", "run.resume")
+RESUME_REPLACED = ("stability.nonfinite", "run.name", "run.overwrite", "run.resume")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What the losses say went wrong: `kind` one_batch, blew_up, climbed or recurring; the rate divided by `cut`
+    fits it; `said`: the evidence in words; `init_blown`: the weights the run started from were already far above a
+    random model's loss."""
+    kind: str
+    cut: int
+    said: str = ""
+    init_blown: bool = False
+
+
+def diagnose(history: LossHistory, vocab_size: int | None, margin: float, *, one_step: bool) -> Cause:
+    """The cause from the run's losses (start, best, the last finite one before the trouble); `one_step`: the trouble
+    is a single non-finite step under stability.nonfinite=stop."""
+    start_ref, best_ref = reference(history.start, vocab_size), reference(history.best, vocab_size)
+    init_blown = far_above(history.start, ceiling(vocab_size), margin)
+    if history.last is None:
+        return Cause("one_batch", 1) if one_step else Cause("recurring", 2, "", init_blown)
+    last = f"{history.last:.4g} at step {history.last_step}"
+    if far_above(history.last, start_ref, margin):
+        assert start_ref is not None
+        start = (f"a random model's loss, ln({vocab_size}) = {start_ref:.4g}" if init_blown or history.start is None
+                 else f"its start, {history.start:.4g} at step {history.start_step}")
+        return Cause("blew_up", lr_cut(history.last, start_ref),
+                     f"the loss blew up far above {start} (to {last}; stability.blowup_margin={margin:g})",
+                     init_blown)
+    if far_above(history.last, best_ref, margin):
+        return Cause("climbed", 2, f"the loss climbed far above the best it reached ({last} against "
+                     f"{history.best:.4g} at step {history.best_step}; stability.blowup_margin={margin:g})")
+    if one_step:
+        return Cause("one_batch", 1, f"the loss was healthy ({last}): one bad batch")
+    return Cause("recurring", 2, "", init_blown)
 
 
 def launch_command(run_dir: Path, replaced: tuple[str, ...] = REPLACED) -> str:
@@ -36,20 +82,67 @@ def _without(args: list[str], keys: tuple[str, ...]) -> list[str]:
     return [a for a in args if a.split("=", 1)[0].lstrip("+~") not in keys]
 
 
-def stop_advice(run_dir: Path, good: int | None, lr: float, run_name: str) -> str:
-    """What to do after a stop: the last good checkpoint and a command from it at half the rate, or, with none,
-    that nothing was checkpointed and the command that starts over at half the rate."""
-    lower = f"{lr / 2:g}"
+def stop_advice(run_dir: Path, good: int | None, lr: float, run_name: str, cause: Cause | None = None, *,
+                latest: int | None = None, blown: tuple[int, ...] = ()) -> str:
+    """What to do after a stop, as `cause` says: resume past one bad batch; else the last good checkpoint (`good`:
+    before the trouble, its loss not far above the best; `blown`: the complete ones before the trouble that are) and
+    a command from it at a rate that fits, or, with none, the command that starts the run over from the weights it
+    started from. `latest`: the newest complete checkpoint, where the same command resumes."""
+    cause = cause or Cause("recurring", 2)
+    said = f"{cause.said}; " if cause.said else ""
+    if cause.kind == "one_batch" and latest == good:
+        return _resume_past(run_dir, good, run_name, said)
+    cut = max(cause.cut, 2)
+    lower, rate = f"{lr / cut:g}", "half" if cut == 2 else f"{cut}x lower"
     if good is None:
-        # The same run over: from the weights it started from (a run that fine-tunes keeps its model.init_from).
-        base = launch_command(run_dir, tuple(k for k in REPLACED if k != "model.init_from"))
-        cmd = f"{base} " + shlex.join([f"run.name={run_name}", f"optim.lr={lower}", "run.overwrite=true"])
-        return (f"nothing was checkpointed before it (no complete checkpoint from before the trouble in {run_dir}). To "
-                f"start over with a lower learning rate: {cmd}")
+        return _start_over(run_dir, run_name, lower, rate, said, cause.init_blown, blown)
     base = launch_command(run_dir)
     path = layout.step_dir(run_dir, good)
     cmd = f"{base} " + shlex.join([f"model.init_from={path}", f"run.name={run_name}-lr{lower}", f"optim.lr={lower}"])
-    return (f"nothing was checkpointed after the stop; the last good checkpoint (before the trouble) is step {good} "
-            f"({path}). To go on from it "
-            f"with a lower learning rate: {cmd} (a new run from its weights: the optimizer, the schedule and the data "
-            "position start fresh); or look at the data of those steps (events.jsonl)")
+    return (f"nothing was checkpointed after the stop; {said}the last good checkpoint (before the trouble) is step "
+            f"{good} ({path}){_not_good(blown)}. To go on from it with a lower learning rate ({rate}): {cmd} (a new "
+            "run from its weights: the optimizer, the schedule and the data position start fresh); or look at the "
+            "data of those steps (events.jsonl)")
+
+
+def _resume_past(run_dir: Path, good: int | None, run_name: str, said: str) -> str:
+    """One bad batch: the same run again, resumed (or, with no checkpoint, started) with the step not applied."""
+    cmd = f"{launch_command(run_dir, RESUME_REPLACED)} " + shlex.join([f"run.name={run_name}",
+                                                                      "stability.nonfinite=skip"])
+    if good is None:
+        where, rollback = "from the start (nothing was checkpointed before it)", ""
+    else:
+        where = f"from the last checkpoint (step {good}, before it)"
+        rollback = " (or stability.nonfinite=rollback, which reloads the checkpoint and skips the samples)"
+    return (f"nothing was checkpointed after the stop; {said}to run it on {where} with that step not applied, "
+            f"reading on past its samples, at the same rate: {cmd}{rollback}; or look at the data of that step "
+            "(events.jsonl)")
+
+
+def _start_over(run_dir: Path, run_name: str, lower: str, rate: str, said: str, init_blown: bool,
+                blown: tuple[int, ...]) -> str:
+    """The same run over, from the weights it started from (a fine-tuning run keeps its model.init_from), or from
+    random weights where those were themselves blown (a diverged run's checkpoint)."""
+    keep_init = not init_blown
+    base = launch_command(run_dir, tuple(k for k in REPLACED if k != "model.init_from" or not keep_init))
+    overrides = [f"run.name={run_name}", f"optim.lr={lower}", "run.overwrite=true"]
+    weights = "the weights it started from"
+    if not keep_init:
+        overrides.insert(0, "model.init_from=null")
+        weights = "random weights (those it started from were themselves far above a random model's loss)"
+    cmd = f"{base} " + shlex.join(overrides)
+    if blown:
+        holds = "hold" if len(blown) > 1 else "holds"
+        none = (f"no good checkpoint ({_named(blown)} from before the trouble in {run_dir} {holds} a loss far above "
+                "the best)")
+    else:
+        none = f"nothing was checkpointed before it (no complete checkpoint from before the trouble in {run_dir})"
+    return f"{said}{none}; to start over from {weights} with a lower learning rate ({rate}): {cmd}"
+
+
+def _not_good(blown: tuple[int, ...]) -> str:
+    return f"; not {_named(blown)}, whose loss is far above the best" if blown else ""
+
+
+def _named(steps: tuple[int, ...]) -> str:
+    return f"step{'s' if len(steps) > 1 else ''} {', '.join(str(s) for s in steps)}"

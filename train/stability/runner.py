@@ -6,30 +6,36 @@
     replicas_agree after every update: the periodic replica check (replicas.py) where due
     before_save()  at a save: every verdict read (one sync), the state checked finite, the replicas compared
     recover()      roll back or stop, on every rank at the same step (silent data corruption: corruption.py)
-    log_fields()   at a log step: counts for metrics.jsonl; skipped steps into events.jsonl
+    log_fields()   at a log step: counts for metrics.jsonl; skipped steps into events.jsonl; the loss into the
+                   run's loss history (its start, best and last: blowup.py)
 
 What the next steps' decisions depend on goes into each checkpoint's trainer state (state_dict, at a save) and
 comes back at a resume and at a rollback to that checkpoint (restore): the spike rule's window, the run of skipped
-steps in a row, the data position of the steps a rollback may reach back to, and the counts. So a run stopped and
-resumed decides as the uninterrupted run does, and a rollback goes on as a resume from its checkpoint would.
+steps in a row, the data position of the steps a rollback may reach back to, the counts and the loss history. So
+a run stopped and resumed decides as the uninterrupted run does, and a rollback goes on as a resume from its
+checkpoint would. Each checkpoint's marker records its step's loss and the best up to it: a checkpoint far above
+that best (blowup.py) is no rollback target and not "good" in the stop line.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from launcher.errors import EXIT_DIVERGED
 from launcher.observe.events import record_event
 from train import ckpt_layout as layout
 from train.distributed import cpu_group
 from train.metrics import log
-from train.stability.advice import stop_advice
+from train.stability.advice import diagnose, stop_advice
+from train.stability.blowup import DEFAULT_MARGIN, LossHistory, far_above, reference
 from train.stability.checks import plan_note
 from train.stability.codes import DeviceCodes
 from train.stability.corruption import CORRUPTION, respond
@@ -43,6 +49,8 @@ from train.stability.z_loss import ZLoss
 
 # Steps whose data position is kept for a rollback's sample ranges.
 KEPT_STARTS = 4096
+# Saves whose loss is kept for their COMPLETE marker (an asynchronous save completes a few steps later).
+KEPT_SAVE_LOSSES = 8
 # The checkpoint trainer state's entry (train/checkpoint.py writes what state_dict returns into it).
 STATE_KEY = "stability"
 
@@ -77,6 +85,15 @@ class Stability:
         ckpt.verified = self.replicas.verified
         self.found: Disagreement | None = None
         self.step, self.cfg = 0, cfg
+        # The run's start, best and last loss (blowup.py), and the loss of each recent save for its marker.
+        self.losses = LossHistory()
+        self.blowup_margin = float(s.get("blowup_margin", DEFAULT_MARGIN))
+        vocab = OmegaConf.select(cfg, "model.vocab_size")
+        self.vocab_size = int(vocab) if vocab is not None else None
+        self.loss: torch.Tensor | None = None  # this rank's loss of the newest step (a device tensor)
+        self.save_losses: dict[int, dict[str, Any]] = {}
+        ckpt.losses_at = lambda step: self.save_losses.get(step, {})
+        self.state_nonfinite = False  # a save found the weights or optimizer state not finite
         ckpt.extra_state = self.state_dict  # rank 0, at each save
         if ckpt.loaded:  # resumed: decide on as the run did before it stopped
             self.restore(ckpt.loaded)
@@ -95,6 +112,7 @@ class Stability:
         verdict = self.verdict
         if verdict is None:
             return None
+        self.loss = loss  # detached already (train_step, the pipeline's step): no graph is kept alive
         shared = verdict.share(loss)
 
         def judged(norm: Any) -> torch.Tensor:
@@ -119,11 +137,15 @@ class Stability:
         return self.monitor.action()
 
     def before_save(self) -> int:
-        """At a save: every verdict read, and the weights and optimizer state finite on every rank."""
+        """At a save: every verdict read, the step's loss known (for the marker), and the weights and optimizer
+        state finite on every rank."""
         action = self.wanted(drain=True)
+        if self.verdict is not None and self.loss is not None:
+            self._save_loss()
         self._record_skipped()  # now: a stop after this save would lose them
         if action == NOTHING and self.enabled and not state_is_finite(self.strategy, self.group):
             self.monitor.trouble_steps = [max(self.starts, default=0)]
+            self.state_nonfinite = True
             action = STOP if self.policy == "stop" or self.monitor.rollbacks_done >= self.monitor.max_rollbacks \
                 else ROLLBACK
             if self.env.is_main:
@@ -133,10 +155,13 @@ class Stability:
             action = CORRUPTION if self.found else NOTHING
         return action
 
-    def log_fields(self, step: int) -> dict[str, Any]:
-        """metrics.jsonl's stability fields at a log step (the loss read has already waited for the device)."""
+    def log_fields(self, step: int, loss: float | None = None) -> dict[str, Any]:
+        """metrics.jsonl's stability fields at a log step (the loss read has already waited for the device);
+        `loss`: the step's, averaged over the ranks, into the loss history."""
         fields: dict[str, Any] = {}
         if self.verdict is not None:
+            if loss is not None:
+                self.losses.observe(step, loss)
             self.wanted(drain=True)
             self._record_skipped()
             fields.update(skipped_steps=self.monitor.nonfinite, spikes=self.monitor.spikes)
@@ -147,6 +172,34 @@ class Stability:
 
             fields["z_loss"] = float(all_reduce_mean(self.z.last))
         return fields
+
+    def _save_loss(self) -> None:
+        """The saved step's loss, averaged over the ranks (a collective: one at a save, none where the step was
+        logged), into the loss history and its marker."""
+        from train.distributed import all_reduce_mean
+
+        step = self.step
+        if self.losses.last_step == step and self.losses.last is not None:
+            value = self.losses.last
+        else:
+            assert self.loss is not None
+            value = float(all_reduce_mean(self.loss))
+            self.losses.observe(step, value)
+        # Strict JSON: a loss that is not finite as "nan" or "inf" (ckpt_layout.marker_losses reads them back).
+        self.save_losses[step] = {"loss": value if math.isfinite(value) else str(value), "best": self.losses.best}
+        for old in sorted(self.save_losses)[:-KEPT_SAVE_LOSSES]:
+            del self.save_losses[old]
+
+    def blown(self, step: int) -> bool:
+        """Whether the checkpoint of `step` holds a loss far above the best the run had reached by then (its
+        marker's; a marker written without them is not judged). Not the best reached since: a checkpoint from
+        early in a run that went on learning is not blown."""
+        loss, best = layout.marker_losses(layout.CheckpointDir(step, layout.step_dir(self.run_dir, step)))
+        return best is not None and far_above(loss, reference(best, self.vocab_size), self.blowup_margin)
+
+    def _good(self, first: int) -> Callable[[int], bool]:
+        """A checkpoint to go back to: from before the first bad step, its loss not far above the best."""
+        return lambda s: s < first and not self.blown(s)
 
     # -- when something went wrong -------------------------------------------------------------------------
     def recover(self, action: int, step: int) -> dict[str, Any] | Any:
@@ -165,7 +218,7 @@ class Stability:
             saved = self._rollback(trouble, step)
             if saved is not None:
                 return saved
-            trouble.limit += ", and no complete checkpoint before it to roll back to"
+            trouble.limit += ", and no good checkpoint before it to roll back to"
         return self._stop(trouble, step)
 
     def _rollback(self, trouble: Trouble, step: int) -> dict[str, Any] | None:
@@ -175,7 +228,7 @@ class Stability:
         start = self.starts.get(first, self.starts.get(min(self.starts, default=first), 0))
         end = self.starts.get(last, start) + self.global_batch * (1 + margin)
         reason = f"{trouble.reason} at step {_steps(trouble.bad_steps)}"
-        saved = rollback(self.ckpt, self.skips, step, to=lambda s: s < first, skip=[(start, end)], reason=reason)
+        saved = rollback(self.ckpt, self.skips, step, to=self._good(first), skip=[(start, end)], reason=reason)
         if saved is not None:
             self._rolled_back(saved)
         return saved
@@ -195,7 +248,8 @@ class Stability:
         # reaches skip_limit just after this save, less the margin.
         since = step - self.monitor.skip_limit - self.margin
         state: dict[str, Any] = {"monitor": self.monitor.state_dict(),
-                                 "starts": [[s, p] for s, p in self.starts.items() if s > since]}
+                                 "starts": [[s, p] for s, p in self.starts.items() if s > since],
+                                 "losses": self.losses.state_dict()}
         spike = self.verdict.spike if self.verdict is not None else None
         if spike is not None:
             state["spike"] = spike.state_dict()
@@ -211,6 +265,9 @@ class Stability:
         self.starts.update({int(s): int(p) for s, p in ([] if state is None else state.get("starts", []))})
         notes = [] if state is not None else ["an older slurmtrain wrote it without its stability state: the run of "
                                               "skipped steps in a row starts afresh"]
+        self.losses.load_state_dict({} if state is None else state.get("losses", {}))
+        if self.verdict is not None and (state is None or "losses" not in state):
+            notes.append("it holds no loss history: the run's start and best loss are those logged from here on")
         if spike is not None and state is not None and "spike" in state:
             notes.append(spike.load_state_dict(state["spike"]) or "")
         elif spike is not None:
@@ -225,13 +282,17 @@ class Stability:
         from train.preemption import StopOutcome
 
         self.ckpt.wait()  # a save in flight is from before the trouble: it completes, and is the one to name
-        # The newest complete checkpoint from before the first bad step, as a rollback would choose: a skip-mode save
-        # inside the trouble holds finite weights, but not good ones.
+        # The newest complete checkpoint from before the first bad step whose loss is not far above the best, as a
+        # rollback would choose: a skip-mode save inside the trouble holds finite weights, but not good ones.
         first = min(trouble.bad_steps, default=step + 1)
-        good = next((c for c in reversed(layout.list_checkpoints(self.run_dir)) if c.complete and c.step < first),
-                    None)
-        advice = stop_advice(self.run_dir, None if good is None else good.step, float(self.cfg.optim.lr),
-                             str(self.cfg.run.name))
+        complete = [c.step for c in layout.list_checkpoints(self.run_dir) if c.complete]
+        good = next((s for s in reversed(complete) if self._good(first)(s)), None)
+        blown = tuple(s for s in complete if s < first and (good is None or s > good) and self.blown(s))
+        one_step = (self.policy == "stop" and len(trouble.bad_steps) == 1 and not trouble.limit
+                    and not self.monitor.tripped and not self.state_nonfinite)
+        cause = diagnose(self.losses, self.vocab_size, self.blowup_margin, one_step=one_step)
+        advice = stop_advice(self.run_dir, good, float(self.cfg.optim.lr), str(self.cfg.run.name), cause,
+                             latest=complete[-1] if complete else None, blown=blown)
         line = (f"error: stopped at step {step}: {trouble.reason} at step {_steps(trouble.bad_steps)}{trouble.limit} "
                 f"(stability.nonfinite={self.policy}); {advice}")
         if self.env.is_main:  # the end itself is recorded as a "diverged" event by train/recovery.end_of_attempt
