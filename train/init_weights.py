@@ -5,7 +5,8 @@ run's first start only; a resume loads the run's own checkpoint. The weights go 
 rank, before the strategy wraps it (loop.py), so every strategy takes them the same way it takes a random init
 (DDP broadcasts rank 0's, FSDP and tensor parallelism shard each rank's full copy, a pipeline stage keeps its
 layers, DeepSpeed copies them into its partitions) and a checkpoint of any strategy and world size loads on any
-other. Each rank reads the weights itself: safetensors tensor by tensor from a memory map, DCP checkpoints
+other. Each rank reads the weights itself: safetensors tensor by tensor from a memory map (a Hugging Face model's
+under the names `from_pretrained` gives them: train/hf_conversion.py), DCP checkpoints
 (reassembled from any number of shards) straight into the parameters, DeepSpeed checkpoints consolidated on CPU.
 The optimizer state is never read: DCP reads only the model's entries, and DeepSpeed's consolidation takes the
 master weights out of its optimizer files through a memory map, leaving the moments beside them untouched.
@@ -24,6 +25,8 @@ import difflib
 import json
 import re
 import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from torch import nn
 from launcher.errors import ConfigError
 from train import ckpt_layout as layout
 from train.export import MODEL_PREFIX, clean_key, tie_groups
+from train.hf_conversion import Conversion, ConversionFailed
 from train.init_source import KEY, MODEL_DIR, InitSource, resolve
 from train.weight_files import SAFETENSORS, tensor_shapes
 
@@ -67,17 +71,46 @@ def _model_states_shapes(state: dict[str, Any]) -> Shapes:
     return shapes
 
 
-def source_shapes(src: InitSource) -> Shapes:
-    if src.kind == "dcp":
-        return {name: shape for name, (_, shape) in dcp_keys(src.path).items()}
-    if src.kind == "deepspeed":
-        return _deepspeed_shapes(src.path)
+@dataclass(frozen=True)
+class Found:
+    """What the weights hold under the model's names: each tensor's shape and the saved tensors it is made of
+    (itself, but for a Hugging Face checkpoint converted as from_pretrained converts it: train/hf_conversion.py)."""
+    shapes: Shapes
+    saved: dict[str, tuple[str, ...]]
+    conversion: Conversion | None = None  # weight files: how their saved tensors become the model's
+
+    def count(self, names: Iterable[str | None]) -> int:
+        """How many saved tensors these names are read from."""
+        return len({key for name in names if name is not None for key in self.saved[name]})
+
+
+def _as_found(shapes: Shapes) -> Found:
+    return Found(shapes, {name: (name,) for name in shapes})
+
+
+def _file_shapes(src: InitSource) -> Shapes:
     try:
         return tensor_shapes(list(src.files))
     except Exception as err:  # noqa: BLE001 - a file that is not weights: one line
         raise ConfigError(f"{KEY}={src.path} could not be read as weights ({type(err).__name__}: "
                           f"{str(err).splitlines()[0][:120] if str(err) else ''}): point it at a safetensors or torch "
                           "weights file, a Hugging Face model directory or a run's checkpoint") from None
+
+
+def found_in(src: InitSource, model: nn.Module) -> Found:
+    """The weights' names (the model's, for weight files) and shapes, from headers and metadata: nothing read.
+    ConversionFailed when transformers can't convert a Hugging Face checkpoint's tensors for this model."""
+    if src.kind == "dcp":
+        return _as_found({name: shape for name, (_, shape) in dcp_keys(src.path).items()})
+    if src.kind == "deepspeed":
+        return _as_found(_deepspeed_shapes(src.path))
+    saved = _file_shapes(src)
+    conversion = Conversion(model, saved)
+    shapes: Shapes = {}
+    origins: dict[str, tuple[str, ...]] = {}
+    for name, tensor, keys in conversion.tensors(lambda key: torch.empty(saved[key], device="meta")):
+        shapes[name], origins[name] = tuple(tensor.shape), keys
+    return Found(shapes, origins, conversion)
 
 
 # -- do they fit the model -------------------------------------------------------------------------------------
@@ -157,13 +190,25 @@ def fix_for(src: InitSource, model_cfg: Any) -> str:
     return f"build the model these weights were saved from, or point {KEY} at weights of this model"
 
 
-def check_fit(model: nn.Module, src: InitSource, model_cfg: Any) -> int:
-    """How many tensors the weights give the model; ConfigError naming the first parameter that does not fit."""
-    expected, found = model_shapes(model), source_shapes(src)
-    problem = first_problem(expected, tie_groups(model), found, _ignored(model))
+def _checked(model: nn.Module, src: InitSource, model_cfg: Any) -> tuple[Found, dict[str, str | None]]:
+    """What the weights hold and {model name: the name it is read from}; ConfigError naming the first parameter
+    that does not fit."""
+    expected, groups = model_shapes(model), tie_groups(model)
+    try:
+        found = found_in(src, model)
+    except ConversionFailed as err:
+        raise ConfigError(f"{src.named()} does not fit the model: {err}: {fix_for(src, model_cfg)}") from None
+    problem = first_problem(expected, groups, found.shapes, _ignored(model))
     if problem:
         raise ConfigError(f"{src.named()} does not fit the model: {problem}: {fix_for(src, model_cfg)}")
-    return len({s for s in sources_for(expected, tie_groups(model), found).values()})
+    return found, sources_for(expected, groups, found.shapes)
+
+
+def check_fit(model: nn.Module, src: InitSource, model_cfg: Any) -> int:
+    """How many saved tensors the weights give the model; ConfigError naming the first parameter that does not
+    fit."""
+    found, plan = _checked(model, src, model_cfg)
+    return found.count(plan.values())
 
 
 # -- loading ---------------------------------------------------------------------------------------------------
@@ -173,9 +218,8 @@ def load_into(model: nn.Module, src: InitSource, model_cfg: Any = None, master: 
     `master=False`: a DeepSpeed ZeRO-1/2 checkpoint gives the module's weights (what its forward ran with) from
     its model states file rather than its fp32 master weights from the optimizer's files; ZeRO-3 keeps only the
     master weights whole, so they are read either way."""
-    count = check_fit(model, src, model_cfg)
+    found, plan = _checked(model, src, model_cfg)
     targets = model.state_dict(keep_vars=True)
-    plan = sources_for(model_shapes(model), tie_groups(model), source_shapes(src))
     by_source: dict[str, list[torch.Tensor]] = {}
     for name, source in plan.items():
         by_source.setdefault(str(source), []).append(targets[name])
@@ -187,9 +231,11 @@ def load_into(model: nn.Module, src: InitSource, model_cfg: Any = None, master: 
         module = None if master else deepspeed_module(src.path)
         _copy(module if module is not None else load_deepspeed_model(src.path), by_source)
     else:
-        for file in src.files:
-            _copy(_open(file), by_source)
-    return count
+        assert found.conversion is not None
+        for name, tensor, _ in found.conversion.tensors(_reader(src.files), wanted=by_source.__contains__):
+            for target in by_source[name]:
+                target.copy_(tensor)
+    return found.count(plan.values())
 
 
 def deepspeed_module(step_dir: Path) -> dict[str, torch.Tensor] | None:
@@ -206,10 +252,25 @@ def deepspeed_module(step_dir: Path) -> dict[str, torch.Tensor] | None:
     return tensors
 
 
-def _copy(tensors: Any, by_source: dict[str, list[torch.Tensor]]) -> None:
-    for key in tensors.keys():
+def _copy(tensors: dict[str, torch.Tensor], by_source: dict[str, list[torch.Tensor]]) -> None:
+    for key, tensor in tensors.items():
         for target in by_source.get(key, []):
-            target.copy_(tensors[key] if isinstance(tensors, dict) else tensors.get_tensor(key))
+            target.copy_(tensor)
+
+
+def _reader(files: tuple[Path, ...]) -> Callable[[str], torch.Tensor]:
+    """A saved tensor by its name, from whichever file holds it (each opened once: safetensors as a memory map,
+    read one tensor at a time)."""
+    holder: dict[str, Any] = {}
+    for file in files:
+        opened = _open(file)
+        holder.update(dict.fromkeys(opened.keys(), opened))
+
+    def read(key: str) -> torch.Tensor:
+        opened = holder[key]
+        return opened[key] if isinstance(opened, dict) else opened.get_tensor(key)
+
+    return read
 
 
 def _open(file: Path) -> Any:

@@ -1,5 +1,5 @@
-"""model.init_from on 2 CPU ranks: fine-tuning from a saved Hugging Face model and from another run's fsdp
-checkpoint under ddp and fsdp; the first step's loss is the loss the loaded weights give in one process on the same
+"""model.init_from on 2 CPU ranks: fine-tuning from saved Hugging Face models (GPT-NeoX and Mixtral saved under other
+names than their modules') and from another run's fsdp checkpoint under ddp and fsdp; the first step's loss is the loss the loaded weights give in one process on the same
 batch. A resume loads the run's own checkpoint and never reads model.init_from (its source is gone by then)."""
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ COMMON = ["logger.backend=none", f"local.nproc={WORLD}", "data.seq_len=16", "tra
           f"trainer.global_batch_size={BATCH}", "trainer.log_every=1", "trainer.ckpt_every=0"]
 OURS = ["model.d_model=32", "model.n_layers=2", "model.ffn_hidden=64"]
 LAYOUTS = ("ddp", "fsdp")
+# Saved Hugging Face models: Llama saves its modules' names; GPT-NeoX saves its head (lm_head) as embed_out and
+# Mixtral each expert's projections apart (stacked in the model), which from_pretrained converts back.
+HF_ARCHS = {"Llama": {"num_key_value_heads": 2}, "GPTNeoX": {},
+            "Mixtral": {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2}}
+HF_RUNS = [*(("Llama", s) for s in LAYOUTS), ("GPTNeoX", "fsdp"), ("Mixtral", "ddp")]
 
 
 def _join(rank: int, port: int) -> None:
@@ -72,19 +77,23 @@ def _spawn(runs: list[tuple[Any, str]], moves: dict[int, tuple[str, str]] | None
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     root = tmp_path_factory.mktemp("init_from")
-    torch.manual_seed(7)
-    hf_dir = root / "saved llama"
-    LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                 tie_word_embeddings=False)).save_pretrained(hf_dir)
+    hf_dirs = {}
+    for arch, extra in HF_ARCHS.items():
+        torch.manual_seed(7)
+        config = getattr(transformers, f"{arch}Config")(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                                        num_hidden_layers=2, num_attention_heads=4,
+                                                        max_position_embeddings=64, tie_word_embeddings=False, **extra)
+        hf_dirs[arch] = root / f"saved {arch}"
+        getattr(transformers, f"{arch}ForCausalLM")(config).save_pretrained(hf_dirs[arch])
     # The source run: our transformer trained 3 steps under fsdp, its checkpoint at the end.
     source = _plan(root, "source", *OURS, "strategy=fsdp", "trainer.max_steps=3")
     _spawn([source[:2]])
-    hf = ["model=hf_causal_lm", f"model.config_path={hf_dir}", f"model.init_from={hf_dir}", "trainer.max_steps=1"]
-    planned = {f"hf-{s}": _plan(root, f"hf-{s}", *hf, f"strategy={s}") for s in LAYOUTS}
+    planned = {f"hf-{a}-{s}": _plan(root, f"hf-{a}-{s}", "model=hf_causal_lm", f"model.config_path={hf_dirs[a]}",
+                                    f"model.init_from={hf_dirs[a]}", "trainer.max_steps=1", f"strategy={s}")
+               for a, s in HF_RUNS}
     ckpt = [*OURS, f"model.init_from={source[1]}", "trainer.max_steps=1"]
     planned |= {f"ckpt-{s}": _plan(root, f"ckpt-{s}", *ckpt, f"strategy={s}") for s in LAYOUTS}
     # A run started from the same checkpoint, then resumed (trainer.max_steps raised) while the source is moved away.
@@ -98,7 +107,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     away = (source[1], f"{source[1]} moved away")
     _spawn([*(p[:2] for p in planned.values()), whole[:2], first[:2], then],
            moves={len(planned) + 1: away, len(planned) + 2: away[::-1]})
-    return {"root": root, "hf_dir": hf_dir, "source": source, "planned": planned, "first": first, "away": away}
+    return {"root": root, "hf_dirs": hf_dirs, "source": source, "planned": planned, "first": first, "away": away}
 
 
 def _first_batch_loss(model: torch.nn.Module, cfg: Any) -> float:
@@ -113,17 +122,18 @@ def _step_loss(run_dir: str, step: int) -> float:
     return next(r["loss"] for r in read_metrics(Path(run_dir)) if r["step"] == step)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_fine_tuning_a_saved_hugging_face_model_starts_from_its_loss(runs: dict[str, Any], layout: str) -> None:
+@pytest.mark.parametrize("arch, layout", HF_RUNS)
+def test_fine_tuning_a_saved_hugging_face_model_starts_from_its_loss(runs: dict[str, Any], arch: str,
+                                                                     layout: str) -> None:
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    cfg, run_dir, weights = runs["planned"][f"hf-{layout}"]
-    from safetensors import safe_open
-
-    with safe_open(str(runs["hf_dir"] / "model.safetensors"), "pt") as f:
+    cfg, run_dir, weights = runs["planned"][f"hf-{arch}-{layout}"]
+    hf_dir = runs["hf_dirs"][arch]
+    with safe_open(str(hf_dir / "model.safetensors"), "pt") as f:
         saved = len(list(f.keys()))
-    assert weights == f"weights: from {runs['hf_dir']} ({saved} tensors)"
-    expected = _first_batch_loss(AutoModelForCausalLM.from_pretrained(runs["hf_dir"]), cfg)
+    assert weights == f"weights: from {hf_dir} ({saved} tensors)"
+    expected = _first_batch_loss(AutoModelForCausalLM.from_pretrained(hf_dir), cfg)
     assert _step_loss(run_dir, 1) == pytest.approx(expected, rel=1e-5)
 
 

@@ -183,3 +183,142 @@ def test_a_mismatched_shape_is_one_error_line_exit_2_and_nothing_created(saved: 
         "[256, 32] in the weights: build the model these weights were saved from, or point model.init_from at "
         "weights of this model"]
     assert list(run_root.iterdir()) == [] and sorted(saved["root"].rglob("*")) == before
+
+
+# -- Hugging Face weights saved under other names than the model's modules ------------------------------------
+HF_SMALL = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 64}
+MOE = {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2}
+# (transformers class prefix, config) of save_pretrained directories whose saved names are not the modules':
+HF_SAVED = {
+    "gpt_neox": ("GPTNeoX", {"tie_word_embeddings": False}),  # the head: lm_head in the model, embed_out saved
+    "gpt_neox_tied": ("GPTNeoX", {"tie_word_embeddings": True}),  # the head is the embedding: not saved at all
+    "mixtral": ("Mixtral", MOE),  # each expert's w1/w2/w3 saved apart, stacked in the model; block_sparse_moe -> mlp
+    "granitemoe": ("GraniteMoe", MOE),  # router.layer saved, router in the model
+}
+
+
+def _saved_names(folder: Path) -> dict[str, tuple[int, ...]]:
+    from train.weight_files import tensor_shapes
+
+    return tensor_shapes([p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")])
+
+
+@pytest.fixture(scope="module")
+def hf_saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny models saved with save_pretrained (HF_SAVED), Mixtral also in shards with an index, and GPT-NeoX's
+    saved tensors as a legacy pytorch_model.bin (the only weights in its directory)."""
+    import transformers
+    from safetensors.torch import load_file
+
+    root = tmp_path_factory.mktemp("hf saved")
+    out: dict[str, Path] = {}
+    for case, (prefix, extra) in HF_SAVED.items():
+        torch.manual_seed(5)
+        config = getattr(transformers, f"{prefix}Config")(**HF_SMALL, **extra)
+        model = getattr(transformers, f"{prefix}ForCausalLM")(config)
+        out[case] = root / case
+        model.save_pretrained(out[case])
+        if case == "mixtral":
+            out["mixtral_sharded"] = root / "mixtral sharded"
+            model.save_pretrained(out["mixtral_sharded"], max_shard_size="20KB")
+    out["gpt_neox_bin"] = root / "gpt_neox bin"
+    out["gpt_neox_bin"].mkdir()
+    (out["gpt_neox_bin"] / "config.json").write_text((out["gpt_neox"] / "config.json").read_text())
+    torch.save(load_file(str(out["gpt_neox"] / "model.safetensors")), out["gpt_neox_bin"] / "pytorch_model.bin")
+    return out
+
+
+def _hf_cfg(config_path: Path, init_from: Path | None = None) -> Any:
+    """The config as the plan holds it when it compares (the vocabulary read from config.json)."""
+    from launcher.plan.hf_config import apply_hf_config
+
+    cfg = compose_config(["model=hf_causal_lm", f"model.config_path={hq(config_path)}",
+                          f"model.init_from={hq(init_from or config_path)}", "data.seq_len=16"])
+    apply_hf_config(cfg)
+    return cfg
+
+
+HF_CASES = [*HF_SAVED, "mixtral_sharded", "gpt_neox_bin"]
+
+
+@pytest.mark.parametrize("case", HF_CASES)
+def test_hugging_face_weights_load_as_from_pretrained_loads_them(hf_saved: dict[str, Path], case: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from train.hf import causal_lm
+
+    folder = hf_saved[case]
+    saved = _saved_names(folder)
+    torch.manual_seed(99)
+    model = causal_lm(str(folder))
+    assert set(saved) != set(model.state_dict())  # the case is one: the saved names are not the modules'
+    if case == "mixtral_sharded":
+        assert len(resolve(str(folder)).files) > 1
+    reference = AutoModelForCausalLM.from_pretrained(folder)
+    assert load_into(model, resolve(str(folder))) == len(saved)  # every saved tensor read, none left over
+    state, expected = model.state_dict(), reference.state_dict()
+    assert state.keys() == expected.keys()
+    assert [k for k in state if not torch.equal(state[k], expected[k])] == []
+    ids = torch.randint(0, HF_SMALL["vocab_size"], (2, 8))
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, reference(ids).logits)
+    if case == "gpt_neox_tied":
+        assert "embed_out.weight" not in saved and model.lm_head.weight is model.gpt_neox.embed_in.weight
+
+
+@pytest.mark.parametrize("case", HF_CASES)
+def test_the_launch_check_accepts_them(hf_saved: dict[str, Path], case: str) -> None:
+    """The launch probe's answer (train/probe.py, what `python -m launcher.worker --probe` runs): the model on the
+    meta device against the files' headers, under the names the ranks load."""
+    from launcher.plan.probe import probe_request
+    from train.probe import probe
+
+    answer = probe(probe_request(_hf_cfg(hf_saved[case]), 1))
+    assert answer.get("init_from_tensors") == len(_saved_names(hf_saved[case])), answer
+
+
+def test_the_plan_says_a_gpt_neox_directory_loads(hf_saved: dict[str, Path], tmp_path: Path) -> None:
+    """The issue's case as the launcher plans it (a child process compares): refused before, 28 tensors now."""
+    folder = hf_saved["gpt_neox"]
+    assert weights_lines(_hf_cfg(folder), tmp_path / "run", 1) == (
+        f"weights: from {folder} ({len(_saved_names(folder))} tensors)",)
+
+
+def test_converted_weights_that_do_not_fit_name_the_models_parameter(hf_saved: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """Mixtral's experts saved apart, checked as the model holds them (stacked): another expert width names the
+    stacked tensor; the fix names the directory the weights were saved with."""
+    config = json.loads((hf_saved["mixtral"] / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+    from launcher.plan.probe import probe_request
+    from train.probe import probe
+
+    folder = hf_saved["mixtral"]
+    answer = probe(probe_request(_hf_cfg(tmp_path, folder), 1))
+    assert answer.get("error") == (
+        f"model.init_from={folder} does not fit the model: model.layers.0.mlp.experts.gate_up_proj is [4, 192, 32] "
+        "in the model but [4, 128, 32] in the weights: build the model they were saved with: model=hf_causal_lm "
+        f"model.config_path={folder}")
+
+
+
+def test_saved_tensors_transformers_cannot_convert_are_one_line(hf_saved: dict[str, Path], tmp_path: Path) -> None:
+    """One expert's w3 of another width: the converter that stacks the experts can't, and the launch says which
+    tensors, in one line, before anything runs."""
+    from safetensors.torch import load_file
+
+    from launcher.plan.probe import probe_request
+    from train.probe import probe
+
+    (tmp_path / "config.json").write_text((hf_saved["mixtral"] / "config.json").read_text())
+    tensors = load_file(str(hf_saved["mixtral"] / "model.safetensors"))
+    tensors["model.layers.0.block_sparse_moe.experts.0.w3.weight"] = torch.zeros(60, 32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    error = probe(probe_request(_hf_cfg(tmp_path), 1)).get("error", "")
+    assert error.startswith(
+        f"model.init_from={tmp_path} does not fit the model: transformers could not convert "
+        "model.layers.0.block_sparse_moe.experts.0.w1.weight and 7 more into model.layers.0.mlp.experts.gate_up_proj "
+        "(RuntimeError: stack expects each tensor to be equal size"), error
+    assert error.endswith("): build the model these weights were saved from, or point model.init_from at weights of "
+                          "this model") and "\n" not in error
