@@ -66,18 +66,20 @@ CASES = [
     Case("hsdp-degree", ("strategy=hsdp", "local.nproc=2", "strategy.replicate_degree=3"), "pick a divisor of 2"),
     Case("run-name-slash", ("run.name=a/b",), "drop the slashes"),
     # -- paths and files ----------------------------------------------------------------------------------------
+    # A relative path is named as the launch made it: absolute, against the project (the launch directory).
     Case("tokens-no-path", ("data=tokens",), "add data.path=/path/to/tokens.bin"),
-    Case("tokens-missing", ("data=tokens", "data.path=missing.bin"), "data.path=missing.bin does not exist: point"),
+    Case("tokens-missing", ("data=tokens", "data.path=missing.bin"),
+         "my project's dir/missing.bin does not exist: point"),
     Case("tokens-directory", ("data=tokens", "data.path=conf"), "is not a regular file"),
     Case("tokens-odd-size", ("data=tokens", "data.path=odd.bin"), "not a whole number of data.dtype=uint16 tokens"),
-    Case("tokens-empty", ("data=tokens", "data.path=empty.bin"), "data.path=empty.bin is empty"),
+    Case("tokens-empty", ("data=tokens", "data.path=empty.bin"), "my project's dir/empty.bin is empty"),
     Case("tokens-short", ("data=tokens", "data.path=short.bin"), "fewer than one sample (data.seq_len + 1 = 65): "
                                                                  "lower data.seq_len"),
     Case("tokens-vocab", ("data=tokens", "data.path=tokens.bin"), "holds token id 999, outside the vocabulary of "
                                                                   "model.vocab_size=256"),
     Case("tokens-dtype", ("data=tokens", "data.path=tokens.bin", "model.vocab_size=1000", "data.dtype=float32"),
          "data.dtype=float32 is not one of"),
-    Case("run-root-file", ("run.root=odd.bin",), "run.root=odd.bin is a file, not a directory"),
+    Case("run-root-file", ("run.root=odd.bin",), "my project's dir/odd.bin is a file, not a directory"),
     Case("run-root-in-file", ("run.root=odd.bin/runs",), "lies inside a file"),
     Case("hf-no-config", ("model=hf_causal_lm",), "add model.config_path=PATH"),
     Case("hf-bad-json", ("model=hf_causal_lm", "model.config_path=broken.json"), "is not a readable JSON config"),
@@ -185,7 +187,7 @@ CASES = [
                                "strategy=fsdp"), "layers.0.norm.weight (float32) differs from layers.0.up.weight "
                                                  "(bfloat16): cast the model to one dtype"),
     # -- prepared datasets and mixtures (tests/prepared_data.py) --------------------------------------------------
-    Case("prepared-vocab", ("data=tokens", "data.path=prepared_big"), "data.path=prepared_big was prepared with a "
+    Case("prepared-vocab", ("data=tokens", "data.path=prepared_big"), "my project's dir/prepared_big was prepared with a "
          "vocabulary of 300 ids (tokenizer big) but model.vocab_size=256: set model.vocab_size=300"),
     Case("data-changed", ("data=tokens", "data.path=tokens.bin", "model.vocab_size=1000", "run.name=copied"),
          "copied's checkpoint at step 5 was trained on other data (data.path: 000000000000 -> "),
@@ -196,7 +198,7 @@ CASES = [
                           "data.sources.a.weight=0", "data.sources.b.path=tokens.bin", "data.sources.b.weight=0.0"),
          "data.sources weights are all zero (a, b): give at least one source a positive weight"),
     Case("mixture-missing", ("data=tokens", "model.vocab_size=1000", "data.sources.a.path=tokens.bin",
-                             "data.sources.b.path=nowhere"), "data.sources.b.path=nowhere does not exist: point "
+                             "data.sources.b.path=nowhere"), "my project's dir/nowhere does not exist: point "
                                                              "data.sources.b.path at a token file"),
     Case("mixture-tokenizers", ("data=tokens", "model.vocab_size=300", "data.sources.a.path=prepared_big",
                                 "data.sources.b.path=prepared_bytes"), "data.sources.a and data.sources.b were "
