@@ -107,37 +107,36 @@ def start_local_attempt(run_dir: Path, pid: int | None = None, start_time: float
     return number
 
 
-def last_local_attempt(run_dir: Path) -> tuple[int, float] | None:
-    """The number and start time of the newest local attempt (RUN_DIR/local_attempts.txt), None when none started."""
+def _local_starts(run_dir: Path) -> list[tuple[int, float, list[str]]]:
+    """RUN_DIR/local_attempts.txt, oldest first: each attempt's number, start time and the rest of its line (host,
+    pid); a line cut short is left out."""
     try:
         lines = (Path(run_dir) / LOCAL_ATTEMPTS_FILE).read_text().splitlines()
     except OSError:
-        return None
-    for line in reversed(lines):
+        return []
+    starts = []
+    for line in lines:
         parts = line.split()
         if len(parts) >= 2 and parts[0].isdigit():
             try:
-                return int(parts[0]), float(parts[1])
+                starts.append((int(parts[0]), float(parts[1]), parts[2:]))
             except ValueError:
                 continue
-    return None
+    return starts
+
+
+def last_local_attempt(run_dir: Path) -> tuple[int, float] | None:
+    """The number and start time of the newest local attempt (RUN_DIR/local_attempts.txt), None when none started."""
+    starts = _local_starts(run_dir)
+    return starts[-1][:2] if starts else None
 
 
 def local_attempt_of(run_dir: Path, pid: int) -> tuple[int, float] | None:
     """The number and start time of the local attempt that process `pid` of this host (its rank 0) numbered; None
     when it numbered none (it died first)."""
-    try:
-        lines = (Path(run_dir) / LOCAL_ATTEMPTS_FILE).read_text().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        parts = line.split()
-        if len(parts) >= 4 and parts[0].isdigit() and parts[2:4] == [socket.gethostname(), str(pid)]:
-            try:
-                return int(parts[0]), float(parts[1])
-            except ValueError:
-                return None
-    return None
+    mine = [socket.gethostname(), str(pid)]
+    return next(((number, start) for number, start, rest in reversed(_local_starts(run_dir)) if rest[:2] == mine),
+                None)
 
 
 def local_attempt_end(run_dir: Path, attempt: int) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ def this_attempt(run_dir: Path, rank0_pid: int, started: float) -> tuple[int, fl
     """The number and start time of the attempt whose rank 0 is `rank0_pid`, numbered now (as started at
     `started`) when rank 0 died before it could."""
     found = local_attempt_of(run_dir, rank0_pid)
-    if found is not None:
+    if found is not None and found[1] >= started:  # not an older attempt's rank 0 that had the same pid
         return found
     return start_local_attempt(run_dir, pid=rank0_pid, start_time=started), started
 
