@@ -15,7 +15,7 @@ import types
 import typing
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from launcher import schema
 from launcher.checks.overrides import override_key, typed, typed_for
@@ -54,28 +54,31 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, vars(schema))
 
 
-def _keys(node: DictConfig) -> set[str]:
-    """The keys that hold a value (`key in node` without resolving interpolations, which costs thousands of
-    resolutions over a sweep's points): a removed section (`~model`) is left with a missing value."""
-    return {str(k) for k in node.keys() if not OmegaConf.is_missing(node, str(k))}
+def _holds_value(node: dict[str, Any], key: str) -> bool:
+    """`key` is in the section and not missing (`???`): a removed section (`~model`) is left with a missing value."""
+    return key in node and not (isinstance(node[key], str) and node[key] == MISSING)
 
 
-def _missing(node: DictConfig, cls: type, prefix: str) -> None:
-    hints, present = _hints(cls), _keys(node)
+@functools.cache
+def _sections(cls: type) -> dict[str, type]:
+    """The fields of `cls` that are sections themselves (a dataclass), and their dataclass."""
+    return {name: sub for name, hint in _hints(cls).items() if (sub := _section_type(hint)) is not None}
+
+
+def _missing(node: dict[str, Any], cls: type, prefix: str) -> None:
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
+        if _holds_value(node, f.name) or type(None) in typing.get_args(hints[f.name]):
+            continue
         name = f"{prefix}{f.name}"
-        optional = type(None) in typing.get_args(hints[f.name])
-        if f.name not in present and not optional:
-            if typed_for(name) is None and f.name == "name" and prefix:
-                section = prefix.rstrip(".")
-                raise ConfigError(f"{name} is missing: add `name: NAME` (the option's file name) to the {section} "
-                                  f"YAML file of your {section}= option")
-            fix = (f"choose one with {name}=NAME" if _section_type(hints[f.name]) else
-                   f"drop ~{name} (the name comes from the group option)" if f.name == "name" else
-                   f"set {name}=VALUE")
-            raise ConfigError(f"{name} is required and was removed (~{name}): {fix}")
-        if f.name in present and OmegaConf.is_missing(node, f.name):
-            raise ConfigError(f"{name} has no value: set {name}=VALUE")
+        if typed_for(name) is None and f.name == "name" and prefix:
+            section = prefix.rstrip(".")
+            raise ConfigError(f"{name} is missing: add `name: NAME` (the option's file name) to the {section} "
+                              f"YAML file of your {section}= option")
+        fix = (f"choose one with {name}=NAME" if _section_type(hints[f.name]) else
+               f"drop ~{name} (the name comes from the group option)" if f.name == "name" else
+               f"set {name}=VALUE")
+        raise ConfigError(f"{name} is required and was removed (~{name}): {fix}")
 
 
 def _similar(a: str, b: str) -> float:
@@ -155,17 +158,16 @@ def unknown_key_error(name: str, close: str | None) -> ConfigError:
                        "key)")
 
 
-def _unknown(node: DictConfig, cls: type, prefix: str) -> None:
-    hints = _hints(cls)
+def _unknown(node: dict[str, Any], cls: type, prefix: str) -> None:
+    hints, sections = _hints(cls), _sections(cls)
     _missing(node, cls, prefix)
-    for key in map(str, node.keys()):
+    for key, value in node.items():
         name = f"{prefix}{key}"
-        if key not in hints:
+        if str(key) not in hints:
             raise unknown_key_error(name, suggest(name, list(hints)))
-        sub = _section_type(hints[key])
-        value = node._get_node(key)  # type: ignore[union-attr]
-        if sub is not None and isinstance(value, DictConfig) and not value._is_none():
-            _unknown(value, sub, f"{name}.")
+        if str(key) in sections and value is not None:
+            # A section that is missing or an interpolation holds no keys of its own: its required ones are missing.
+            _unknown(value if isinstance(value, dict) else {}, sections[str(key)], f"{name}.")
 
 
 def _number(x: float) -> str:
@@ -196,35 +198,39 @@ def _check_value(name: str, value: Any, bounds: tuple[Any, ...]) -> None:
         raise ConfigError(f"{name}={value!r} is out of range: set {name} to {finite} {_describe(*bounds)}")
 
 
-def _ranges(node: DictConfig, cls: type, prefix: str) -> None:
-    hints, present = _hints(cls), _keys(node)
+def _ranges(cfg: DictConfig, node: dict[str, Any], cls: type, prefix: str) -> None:
+    sections = _sections(cls)
     for f in dataclasses.fields(cls):
-        if f.name not in present:
+        if not _holds_value(node, f.name):
             continue
-        name = f"{prefix}{f.name}"
-        value = node._get_node(f.name)  # type: ignore[union-attr]
-        sub = _section_type(hints[f.name])
-        if sub is not None:
-            if isinstance(value, DictConfig) and not value._is_none():
-                _ranges(value, sub, f"{name}.")
+        name, value = f"{prefix}{f.name}", node[f.name]
+        if f.name in sections:
+            if isinstance(value, dict):
+                _ranges(cfg, value, sections[f.name], f"{name}.")
             continue
         bounds = f.metadata.get("range")
-        if bounds is None or value is None or value._is_interpolation():
-            continue  # an interpolated value is checked at its source key
-        resolved = OmegaConf.select(node, f.name)
-        if isinstance(resolved, DictConfig):
-            for key, item in resolved.items():
+        if bounds is None or isinstance(value, str):
+            continue  # a string is no number; an interpolated value is checked at its source key
+        if isinstance(value, (dict, list)) and any(isinstance(v, str) for v in _items(value)):
+            value = OmegaConf.select(cfg, name)  # an interpolated (or missing) entry: as the config resolves it
+        if isinstance(value, (dict, DictConfig)):
+            for key, item in value.items():
                 _check_value(f"{name}.{key!s}", item, bounds)
-        elif isinstance(resolved, ListConfig):
-            for i, item in enumerate(resolved):
+        elif isinstance(value, (list, ListConfig)):
+            for i, item in enumerate(value):
                 _check_value(f"{name}[{i}]", item, bounds)
         else:
-            _check_value(name, resolved, bounds)
+            _check_value(name, value, bounds)
 
 
-def check_choices(cfg: DictConfig) -> None:
+def _items(value: dict[str, Any] | list[Any]) -> list[Any]:
+    return list(value.values()) if isinstance(value, dict) else value
+
+
+def check_choices(cfg: DictConfig, tree: dict[str, Any] | None = None) -> None:
+    """`tree`: cfg as plain values (check_keys has it), read instead of a select per key."""
     for key, allowed in CHOICES.items():
-        value = OmegaConf.select(cfg, key)
+        value = OmegaConf.select(cfg, key) if tree is None else _select(cfg, tree, key)
         if value not in allowed:
             shown = [str(a) for a in allowed if a is not None]
             meant = difflib.get_close_matches(str(value), shown, n=1) or shown
@@ -239,12 +245,34 @@ def check_choices(cfg: DictConfig) -> None:
                           f"the group, precision={p.name} (not precision.name=...)")
 
 
+def plain_select(tree: dict[str, Any], key: str, default: Any = None) -> Any:
+    """`OmegaConf.select(cfg, key, default=default)` read from `tree`, cfg as plain values (`OmegaConf.to_container`),
+    at a fraction of a select's cost: the default where the key is absent or missing (`???`)."""
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if isinstance(node, str) and node == MISSING else node
+
+
+def _select(cfg: DictConfig, tree: dict[str, Any], key: str) -> Any:
+    """`OmegaConf.select(cfg, key)` from `tree`, cfg's plain values unresolved: an interpolation resolved by cfg."""
+    value = plain_select(tree, key)
+    return OmegaConf.select(cfg, key) if isinstance(value, str) and "${" in value else value
+
+
 def check_keys(cfg: DictConfig) -> None:
     """Unknown keys, numeric ranges, enumerated values and typed switches; raises ConfigError naming the key and the
-    fix."""
-    _unknown(cfg, schema.Config, "")
-    _ranges(cfg, schema.Config, "")
-    check_choices(cfg)
+    fix.
+
+    The walks read the config as plain values, taken once (OmegaConf's node access costs microseconds a key, and
+    a sweep checks every point): a typed value stays typed, an interpolation stays unresolved (it is checked at its
+    source key) and a missing value reads `???`."""
+    tree: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
+    _unknown(tree, schema.Config, "")
+    _ranges(cfg, tree, schema.Config, "")
+    check_choices(cfg, tree)
     check_typed_switches()
 
 

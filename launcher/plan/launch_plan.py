@@ -299,21 +299,23 @@ def make_plan(cfg: DictConfig) -> Plan:
             cfg.run.name = run_name(cfg, typed_paths)
     if "/" in cfg.run.name or cfg.run.name in (".", ".."):
         raise ConfigError(f"run.name={cfg.run.name!r} must be a plain directory name: drop the slashes")
+    # Read once: data.seq_len interpolates model.max_seq_len, which OmegaConf parses again at every read.
+    run_dir, seq_len = _run_dir(cfg), int(cfg.data.seq_len)
     return Plan(
         mode="prepare" if cfg.launcher.prepare_only else "local" if cfg.cluster is None else "slurm",
         world_size=world,
         micro_batch_size=cfg.trainer.micro_batch_size,
         grad_accum_steps=accum,
         global_batch_size=cfg.trainer.global_batch_size,
-        seq_len=cfg.data.seq_len,
+        seq_len=seq_len,
         n_params=shape.n_params if shape is not None else 0,
-        run_dir=_run_dir(cfg),
+        run_dir=run_dir,
         strategy=cfg.strategy.name,
         fit=fit,
         lr=lr,
-        lr_note=_lr_note(cfg, global_batch, lr),
+        lr_note=_lr_note(cfg, global_batch, lr, run_dir),
         budget=None if shape is None else budget(
-            cfg, world, global_batch * cfg.data.seq_len,
+            cfg, world, global_batch * seq_len,
             int(cfg.cluster.nodes) * int(cfg.cluster.gpus_per_node) if cfg.cluster is not None else local_gpus, shape),
         model_note=shape_note,
         refusal=refusal,
@@ -321,7 +323,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         layout_lines=tuple(summary_lines(degrees, world, accum)),
         data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch) + tuple(
             line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
-        weights_lines=weights_lines(cfg, _run_dir(cfg), world),
+        weights_lines=weights_lines(cfg, run_dir, world),
         **_reservation(cfg),
     )
 
@@ -381,7 +383,7 @@ def _run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.run.root).expanduser().resolve() / cfg.run.name
 
 
-def _lr_note(cfg: DictConfig, global_batch: int, lr: float) -> str:
+def _lr_note(cfg: DictConfig, global_batch: int, lr: float, run_dir: Path) -> str:
     """Where the peak rate comes from, the schedule, and what the rate does across a resume (launcher/plan/lr_schedule.py,
     which refuses a schedule that can't run)."""
     o = cfg.optim
@@ -390,7 +392,7 @@ def _lr_note(cfg: DictConfig, global_batch: int, lr: float) -> str:
     else:
         source = (f" (optim.lr={o.lr:g} x {o.lr_scaling} scaling for global batch {global_batch} against "
                   f"optim.reference_batch_size={o.reference_batch_size})")
-    return source + schedule_note(cfg, lr, _run_dir(cfg))
+    return source + schedule_note(cfg, lr, run_dir)
 
 
 def _reservation(cfg: DictConfig) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.checks.key_checks import plain_select
+
 # Keys that don't change what is trained: excluded from the derived run name, so that the same experiment
 # with more steps or another log interval resumes in the same directory.
 NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", "telemetry", "profile", "watchdog",
@@ -40,12 +42,17 @@ NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference
                     "data._target_": None, "data.args": {}, "data.sources": {}}
 
 
+def hashed(key: str) -> bool:
+    """Whether the derived run name hashes `key` (it is no NAME_EXCLUDED key, nor below one)."""
+    return not any(key == excluded or key.startswith(f"{excluded}.") for excluded in NAME_EXCLUDED)
+
+
 def training_settings(cfg: DictConfig) -> dict[str, Any]:
     """The settings that decide what is trained: the resolved config less NAME_EXCLUDED (and NAME_ONLY_IF_SET keys
     at their defaults). Their hash names the run; a run directory resumes only with the same ones."""
     data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     for key, default in NAME_ONLY_IF_SET.items():
-        if OmegaConf.select(cfg, key, default=default) == default:
+        if plain_select(data, key, default) == default:
             _drop(data, key)
     for key in NAME_EXCLUDED:
         _drop(data, key)

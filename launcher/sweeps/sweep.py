@@ -9,10 +9,10 @@ come back to Hydra (`hydra.launcher.wait=false` returns the array task ids inste
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
+import pickle
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -126,7 +126,11 @@ class SweepLauncher(Launcher):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
-        self._composed: dict[tuple[str, ...], DictConfig] = {}
+        # Per structural override list, the composition pickled: a point unpickles its own copy (C speed, a quarter
+        # of copy.deepcopy's time on a DictConfig; Hydra pickles configs to ship them to jobs, too).
+        self._composed: dict[tuple[str, ...], bytes] = {}
+        self._parsed: dict[str, Any] = {}  # override text -> Hydra's parse of it (a pure function of the text)
+        self._parser: Any = None
         # Directories the sweep command is about to create (set by SweepSweeper), newest first.
         self.created: list[Path] = []
 
@@ -136,22 +140,31 @@ class SweepLauncher(Launcher):
     def load_point(self, overrides: Sequence[str]) -> DictConfig:
         """A point's config, without the hydra node. Composing with Hydra costs ~0.2 s a point, mostly the defaults list: points that share
         their config-group choices share one composition, and their value overrides (`optim.lr=...`) are applied
-        to a copy the way Hydra applies them after composing."""
+        to a copy the way Hydra applies them after composing. Each override's text is parsed once per sweep (the
+        points of a sweep repeat all but the swept ones)."""
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
-        from hydra.core.override_parser.overrides_parser import OverridesParser
 
         assert self.hydra_context is not None and self.config is not None
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        parsed = [self._parse(o) for o in overrides]
         values = [o for o in parsed if _is_value_override(o)]
         structural = tuple(str(o.input_line) for o in parsed if not _is_value_override(o))
         if structural not in self._composed:
             composed = self.hydra_context.config_loader.load_sweep_config(self.config, list(structural))
             with open_dict(composed):
                 del composed["hydra"]  # the run's config has none; and copying it for every point is costly
-            self._composed[structural] = composed
-        cfg = copy.deepcopy(self._composed[structural])
+            self._composed[structural] = pickle.dumps(composed, protocol=pickle.HIGHEST_PROTOCOL)
+        cfg: DictConfig = pickle.loads(self._composed[structural])
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
         return cfg
+
+    def _parse(self, override: str) -> Any:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        text = str(override)
+        if text not in self._parsed:
+            self._parser = self._parser or OverridesParser.create()
+            self._parsed[text] = self._parser.parse_overrides([text])[0]
+        return self._parsed[text]
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from launcher.checks import hydra_errors

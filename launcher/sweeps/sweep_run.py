@@ -60,7 +60,8 @@ def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[st
         if not job_overrides:
             raise ConfigError("the sweep has no points (an empty range or list): give every swept key at least one "
                               "value")
-        points = [plan_point(launcher, initial_job_idx + i, overrides, swept)
+        group = Path(str(launcher.config.hydra.sweep.dir)).name  # each point's wandb group: read once, not per point
+        points = [plan_point(launcher, initial_job_idx + i, overrides, swept, group)
                   for i, overrides in enumerate(job_overrides)]
         check_points(points)
         sweep = record(sweep_dir, points, swept)
@@ -97,8 +98,8 @@ def discard_new_sweep_dir(sweep_dir: Path, created: list[Path]) -> None:
             return
 
 
-def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], swept: list[str]) -> PointRun:
-    assert launcher.config is not None
+def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], swept: list[str],
+               group: str) -> PointRun:
     point = Point(index=index, overrides=list(filter_overrides(overrides)), run_dir="")
     label = swept_label(point.overrides, swept) or point.label
     try:
@@ -109,10 +110,9 @@ def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], sw
         text = str(err) + ("\n" + str(err.__cause__) if err.__cause__ is not None else "")
         message = one_line(text).removeprefix("error: ")
         raise ConfigError(f"sweep point {index} ({label}): {message}") from None
-    sweep_name = Path(str(launcher.config.hydra.sweep.dir)).name
     with open_dict(cfg):
         if not cfg.logger.group:
-            cfg.logger.group = sweep_name  # each point its own wandb run, grouped by the sweep
+            cfg.logger.group = group  # each point its own wandb run, grouped by the sweep
     try:
         with typed_as(overrides):
             plan = make_plan(cfg)
