@@ -24,6 +24,7 @@ BENCHMARKS = {
     "validation_cost": "bench.validation_cost",
     "stability_overhead": "bench.stability_overhead",
     "replica_check": "bench.replica_check",
+    "sweep_planning": "bench.sweep_planning",
 }
 
 
