@@ -38,9 +38,10 @@ test-gpu: ## CUDA tests (skipped without a GPU)
 gpu-check: ## on a lent GPU, under 8 min: test-gpu, loop_overhead's GPU arm (MFU, tokens/s vs bare loop), memory estimate vs peak; bench/results/gpu/DATE_DEVICE/
 	$(PYTHON) -m bench.gpu_check
 
-lint: ## ruff and mypy
-	$(PYTHON) -m ruff check launcher train tests bench
-	$(PYTHON) -m mypy launcher
+lint: ## ruff, mypy, and the import-linter contracts between launcher/, train/ and contract/ (pyproject.toml)
+	$(PYTHON) -m ruff check launcher train contract tests bench
+	$(PYTHON) -m mypy launcher contract
+	lint-imports
 
 bench: ## benchmarks under bench/, ratios measured in one run; report in bench/results/REPORT.md
 	$(PYTHON) -m bench

@@ -32,10 +32,11 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     from launcher.compose import compose_and_plan
     from train import distributed
-    from train.checkpoint import CheckpointManager
+    from train.checkpoints.manager import CheckpointManager
     from train.data import build_source
-    from train.loop import TrainState, seed_everything, train_step
-    from train.model import build_model
+    from train.loop import seed_everything
+    from train.model.transformer import build_model
+    from train.step import TrainState, train_step
     from train.strategies import build_strategy
 
     cfg, _ = compose_and_plan(OVERRIDES)

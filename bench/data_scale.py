@@ -1,7 +1,7 @@
 """What a rank pays to open a corpus of one trillion tokens and read its first step's batch, against a small file.
 
 Each measurement is a fresh Python process (so its memory starts clean) that imports what a rank imports, then
-times what the loop does before its first step's data is ready: the data's fingerprint (train/data/fingerprint.py,
+times what the loop does before its first step's data is ready: the data's fingerprint (contract/data/fingerprint.py,
 saved with checkpoints: a megabyte of sampled blocks), the data source (data=tokens data.path=FILE,
 train/data/sources.py: the file resolved, the window order set up) and one step's global batch
 (BATCH sequences of SEQ_LEN + 1 tokens, as load_micro_batch makes them). Its peak RSS growth is ru_maxrss after
@@ -37,8 +37,8 @@ def measure(path: str) -> dict[str, float]:
 
     from omegaconf import OmegaConf
 
+    from contract.data.fingerprint import data_fingerprint
     from train.data import build_source, load_micro_batch
-    from train.data.fingerprint import data_fingerprint
 
     cfg = OmegaConf.create({"name": "tokens", "path": path, "dtype": "uint16", "seq_len": SEQ_LEN, "seed": 1,
                             "shuffle": True, "_target_": None, "sources": {}})

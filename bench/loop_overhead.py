@@ -1,7 +1,7 @@
 """What our training loop costs on top of the model's own work: median step time of train.loop.train against a
 bare PyTorch loop doing the same model work, measured in one run: one process, and DDP on 2 ranks.
 
-The bare loop is what a user would write: the same model class built from the same config (train.build), one
+The bare loop is what a user would write: the same model class built from the same config (train.model.build), one
 fixed micro batch already in memory (no data loading at all), forward, cross-entropy, backward with the same
 gradient accumulation, clip_grad_norm_, the same AdamW (train.optim.build_optimizer: same groups and foreach
 kernels), zero_grad. Ours is the real loop as `python -m launcher` runs it on one rank (strategy ddp = the bare
@@ -85,10 +85,10 @@ def bare(cfg: Any, steps: int, rank: int = 0, world: int = 1, device: Any = None
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from train.blocks import blocks_for
-    from train.build import build_model, logits_of
     from train.data import build_source, load_micro_batch
     from train.loop import seed_everything
+    from train.model.blocks import blocks_for
+    from train.model.build import build_model, logits_of
     from train.optim import build_optimizer
 
     device = device or torch.device("cpu")
@@ -142,8 +142,8 @@ def run_gpu(steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
     import torch
 
     from launcher.compose import compose_and_plan
-    from train.build import build_model, flops_per_token
     from train.loop import train
+    from train.model.build import build_model, flops_per_token
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -181,7 +181,7 @@ def run_gpu(steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
 
 def run_case(name: str, steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
     from launcher.compose import compose_and_plan
-    from train.build import build_model
+    from train.model.build import build_model
 
     case = CASES[name]
     overrides = [*COMMON, *case["overrides"], f"trainer.max_steps={steps}"]

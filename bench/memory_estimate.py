@@ -3,7 +3,7 @@ there is CUDA.
 
 CPU (gloo, 2 ranks, a 2.2M-parameter model of our transformer): for each strategy that lays the states out
 differently, the estimate's terms (`plan.fit.estimate` of launcher.compose.compose_and_plan) against
-train/memory.py's measurements in the real loop (train.loop.train_step):
+train/observe/memory.py's measurements in the real loop (train.loop.train_step):
 - states: parameters + gradients + optimizer state, the unique tensor storages reachable from the model and the
   optimizer at the peak of a step (tests/dist/test_memory_estimate.py holds every strategy to 5%: the target);
 - activations: the bytes autograd saves for backward per micro batch (saved_tensors_hooks over a step of two
@@ -62,7 +62,7 @@ def _cpu_worker(rank: int, world: int, port: int, out_dir: str,
 
     from launcher.compose import compose_and_plan
     from train import distributed
-    from train.memory import estimated_memory, measure_memory
+    from train.observe.memory import estimated_memory, measure_memory
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local")
@@ -128,8 +128,9 @@ def run_cuda(quick: bool = False) -> dict[str, Any]:
     from launcher.compose import compose_and_plan
     from train import distributed
     from train.data import build_source
-    from train.loop import TrainState, seed_everything, train_step
-    from train.model import build_model
+    from train.loop import seed_everything
+    from train.model.transformer import build_model
+    from train.step import TrainState, train_step
     from train.strategies import build_strategy
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",

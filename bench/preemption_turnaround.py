@@ -41,11 +41,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.observe import accounting
-from launcher.observe.events import read_events
-from launcher.observe.metrics_file import read_metrics
+from contract.rundir import accounting, ckpt_layout
+from contract.rundir.events import read_events
+from contract.rundir.metrics_file import read_metrics
 from launcher.observe.runs import read_config
-from train import ckpt_layout
 
 REPEATS = 3
 STEPS = 400  # tiny steps take tens of ms: enough that the signal (after 20 logged steps) lands mid-run

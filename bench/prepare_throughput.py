@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from launcher.prepare import pool as pool_module
+
 COMMAND = "python -m bench prepare_throughput"
 TARGET = 0.8
 VOCAB = 8192
@@ -85,8 +87,8 @@ def train_tokenizer(docs: list[str], path: Path) -> Any:
 
 def time_prepare(corpus: Path, tokenizer: Path, out: Path, options: list[str]) -> tuple[float, int]:
     """Seconds of one preparation through the command's main, and the tokens it wrote less its eod ids."""
+    from contract.data.manifest import load_manifest
     from launcher.prepare.__main__ import main
-    from launcher.prepare.manifest import load_manifest
 
     argv = [str(corpus), "--out", str(out), "--tokenizer", str(tokenizer), *options]
     t0 = time.perf_counter()
@@ -112,7 +114,6 @@ def worker_start_s(tokenizer: Path, corpus: Path) -> float:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    from launcher.prepare import run as prepare_run
     from launcher.prepare.inputs import resolve_inputs
     from launcher.prepare.plan import Options, make_plan
     from launcher.prepare.tokenizer import load_tokenizer
@@ -125,7 +126,7 @@ def worker_start_s(tokenizer: Path, corpus: Path) -> float:
     with ProcessPoolExecutor(
         1,
         mp_context=ctx,
-        initializer=prepare_run._init_worker,
+        initializer=pool_module._init_worker,
         initargs=(plan, 1, ctx.Queue(), ctx.Event(), os.getpid()),
     ) as pool:
         pool.submit(int, 0).result()
@@ -136,7 +137,7 @@ TARGETED = ("default",)
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    from launcher.prepare.run import cpu_count
+    from launcher.prepare.pool import cpu_count
 
     plan = QUICK if quick else FULL
     load = os.getloadavg()
@@ -253,7 +254,7 @@ def _table(samples: dict[str, list[float]], repeats: int) -> list[str]:
 
 
 def notes(r: dict[str, Any]) -> str:
-    from launcher.prepare.run import AUTO_MB_PER_WORKER
+    from launcher.prepare.pool import AUTO_MB_PER_WORKER
 
     base = r["seconds"]["encode_batch"]
     lines = [

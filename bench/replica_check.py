@@ -80,8 +80,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str, plan: dict[str, int]
 def run(quick: bool = False) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
+    from contract.config.schema import StabilityConfig
     from launcher.run.local import free_port
-    from launcher.schema import StabilityConfig
 
     every = StabilityConfig.replica_check_every
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,12 +27,12 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from contract.rundir.metrics_file import read_file
 from launcher.compose import compose_and_plan
-from launcher.observe.metrics_file import read_file
 from launcher.run.local import free_port
 from train import distributed
 from train.loop import train
-from train.telemetry import StepTimer, Telemetry
+from train.observe.telemetry import StepTimer, Telemetry
 
 TARGET_RATIO = 0.01
 WORLD = 2

@@ -61,7 +61,7 @@ def forward_only(model: Any, batches: Iterable[tuple[Any, Any]]) -> float:
     import torch
     import torch.nn.functional as F
 
-    from train.build import logits_of
+    from train.model.build import logits_of
 
     model.eval()
     total = 0.0
@@ -78,10 +78,10 @@ def pass_cost(name: str, batches: int, repetitions: int, env: Any) -> dict[str, 
     import torch
 
     from launcher.compose import compose_and_plan
-    from train.build import build_model
     from train.data.batches import load_micro_batch
     from train.evaluation.validator import Validator
     from train.loop import seed_everything
+    from train.model.build import build_model
     from train.strategies import build_strategy
 
     overrides = [*COMMON, *CASES[name], "trainer.max_steps=10", "eval.every=10", f"eval.batches={batches}"]

@@ -10,17 +10,18 @@ What a user or a job types, and the foundations everything imports, are at the t
     prepare/      python -m launcher.prepare: a corpus -> token shards, locally or as a SLURM array
     worker.py     python -m launcher.worker: the compute side's entry as local workers, sbatch and submitit start it
     compose.py    the config composed outside `python -m launcher` (tests, benchmarks, notebooks)
-    schema.py     the dataclasses that declare every config key
-    errors.py     ConfigError (one line that names the fix) and the exit codes
+    config_store.py  the schema (contract/config/schema.py) and our Hydra plugin registered with Hydra
+    compute_seam.py  the one door into train/, for export, sample and the worker (import-linter allows no other)
     terminal.py   standard output and error that outlive a closed terminal (the launcher's and the ranks')
     checks/       refusals before anything runs: keys, inputs, cluster, Hydra's errors, resuming a run directory
     plan/         the launch plan: world size, layout, memory, strategy, learning rate, budget, weights
     run/          where a run goes and how it starts: dispatch, local workers, SLURM, the run directory, eval jobs
     sweeps/       `-m` sweeps as SLURM job arrays (the Hydra launcher plugin)
-    observe/      what runs leave behind: runs and their rows, metrics, events, accounting, validation, eval results
+    observe/      what runs leave behind, read for status and report: runs, their rows, validation losses
 
 Each package's __init__ maps its modules and imports nothing, so importing one module loads only what it needs.
-The packages' modules import each other and the foundations, never status, report, export or sample.
+The packages' modules import each other and the contract (contract/), never status, report, export or sample,
+and never train/ (only compute_seam.py does).
 
 Importing it first makes our compute-side package `train` win over a user's own `train.py` (or `train/`) in the
 working directory, which Python would otherwise find first: the launcher runs from the user's project directory,

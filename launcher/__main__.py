@@ -9,12 +9,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from contract.errors import EXIT_BAD_INPUT, ConfigError, SweepExit
+from contract.terminal import outlive_terminal
 from launcher.checks import hydra_errors
 from launcher.checks.overrides import typed_as
-from launcher.errors import EXIT_BAD_INPUT, ConfigError, SweepExit
+from launcher.config_store import register
 from launcher.run.dispatch import dispatch
-from launcher.schema import register
-from launcher.terminal import outlive_terminal
 
 _composed = False
 

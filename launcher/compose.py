@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from hydra.version import VersionBase
 from omegaconf import DictConfig
 
+from launcher.config_store import register
 from launcher.plan.launch_plan import Plan, make_plan
-from launcher.schema import register
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.plan.hf_config import HF_TARGET
-from train import ckpt_layout as layout
+from contract.errors import EXIT_BAD_INPUT, ConfigError
+from contract.rules.hf_config import HF_TARGET
+from contract.rundir import ckpt_layout as layout
+from launcher import compute_seam
 
 CHECKPOINTS = layout.checkpoints_root(Path()).name
 
@@ -118,7 +119,7 @@ def export(run_dir: Path, step: int | None, fmt: str, out: str | None) -> Path:
     assert isinstance(cfg, DictConfig)
     check_format(cfg, fmt)
     path = output_path(run_dir, checkpoint.step, fmt, out)
-    from train import export as consolidate
+    consolidate = compute_seam.weights_export()
 
     tied = tied_weights(cfg) if fmt == "safetensors" else []  # save_pretrained finds them itself
     state = consolidate.load_model_state(checkpoint.path)
@@ -134,7 +135,7 @@ def export(run_dir: Path, step: int | None, fmt: str, out: str | None) -> Path:
 def tied_weights(cfg: DictConfig) -> list[list[str]]:
     """The run's tied weights, from its model built on the meta device; a model whose code can't be imported
     here is refused (naming the fix), one that can't be built on the meta device is exported without."""
-    from train import export as consolidate
+    consolidate = compute_seam.weights_export()
 
     try:
         return consolidate.tied_groups(cfg.model)

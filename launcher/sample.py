@@ -19,7 +19,8 @@ from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.errors import EXIT_BAD_INPUT, ConfigError
+from contract.errors import EXIT_BAD_INPUT, ConfigError
+from launcher import compute_seam
 from launcher.export import pick_checkpoint, run_and_step
 from launcher.observe.run_tokenizer import RunTokenizer, run_tokenizer
 
@@ -108,11 +109,9 @@ def sample(args: argparse.Namespace) -> str:
     print(f"sample: {checkpoint.path} ({describe(args)}, tokenizer {tokenizer.name if tokenizer else 'none'})",
           file=sys.stderr)
 
-    from train.sample import Sampling
-    from train.sample import sample as generate
-
-    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed, stop_id)
-    new = generate(checkpoint.path, cfg.model, ids, sampling)
+    sampler = compute_seam.sampling()
+    sampling = sampler.Sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed, stop_id)
+    new = sampler.sample(checkpoint.path, cfg.model, ids, sampling)
     if tokenizer is None or args.ids:
         return ",".join(map(str, ids + new))
     if new and new[-1] == stop_id:

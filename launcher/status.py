@@ -15,8 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.observe import eval_results, metrics_file, validation_log
+from contract.errors import EXIT_BAD_INPUT, ConfigError
+from contract.rundir import eval_results, metrics_file, validation_log
 from launcher.observe.run_rows import Row, collect, total
 from launcher.observe.runs import Target, find_runs
 

@@ -6,7 +6,7 @@
     python -m launcher.worker --init-from < request.json  (launcher/plan/init_from.py: do model.init_from's weights fit)
 
 Going through `launcher` first (see launcher/__init__.py) keeps our `train` package ahead of a user's own train.py
-in the working directory; the work itself is train.entry's.
+in the working directory; the work itself is train.entry's, reached through launcher/compute_seam.py.
 """
 
 from __future__ import annotations
@@ -14,30 +14,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from launcher import compute_seam
+
 
 def run(config_path: str | Path) -> int:
-    from train.entry import run as train_run
-
-    return train_run(config_path)
+    return compute_seam.train(config_path)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--probe"]:
-        from train.probe import main as probe_main
-
-        return probe_main()
+        return compute_seam.probe_main()
     if argv[:1] == ["--evaluate"] and len(argv) == 3:
-        from train.evaluation.job import run as evaluate
-
-        return evaluate(argv[1], int(argv[2]))
+        return compute_seam.evaluate(argv[1], int(argv[2]))
     if argv[:1] == ["--init-from"]:
-        from train.init_weights import main as init_from_main
-
-        return init_from_main()
-    from train.entry import main as train_main
-
-    return train_main(argv)
+        return compute_seam.init_from_main()
+    return compute_seam.train_main(argv)
 
 
 if __name__ == "__main__":

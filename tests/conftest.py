@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.observe.metrics_file import FILE_NAME, decode_row
+from contract.rundir.metrics_file import FILE_NAME, decode_row
 
 ROOT = Path(__file__).resolve().parent.parent
 

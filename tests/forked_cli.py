@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PRELOAD = ("launcher", "hydra", "hydra.main", "hydra._internal.utils", "hydra._internal.hydra",
            "hydra._internal.core_plugins.basic_launcher", "hydra._internal.core_plugins.basic_sweeper",
            "hydra._internal.instantiate._instantiate2", "hydra_plugins.slurmtrain_launcher", "omegaconf",
-           "launcher.run.dispatch", "launcher.schema", "launcher.checks.hydra_errors",
+           "launcher.run.dispatch", "contract.config.schema", "launcher.checks.hydra_errors",
            "launcher.checks.overrides", "launcher.sweeps.sweep", "launcher.plan.launch_plan",
            "launcher.checks.resume_checks", "launcher.run.rundir", "launcher.plan.probe",
            "launcher.checks.input_checks", "launcher.checks.key_checks", "launcher.checks.cluster_checks")
 # What `python -m launcher.export` imports (torch, the checkpoint reader, safetensors, transformers).
-EXPORT_PRELOAD = ("launcher.export", "torch", "torch.distributed.checkpoint", "safetensors.torch", "train.export",
-                  "train.build", "train.hf", "transformers")
+EXPORT_PRELOAD = ("launcher.export", "torch", "torch.distributed.checkpoint", "safetensors.torch", "train.weights.export",
+                  "train.model.build", "train.model.hf", "transformers")
 
 _lock = threading.Lock()
 _servers: dict[tuple[str, ...], tuple[subprocess.Popen[str], str]] = {}

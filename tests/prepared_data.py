@@ -1,4 +1,4 @@
-"""Prepared datasets for tests, written through launcher/prepare/manifest.py (the one writer of the format)."""
+"""Prepared datasets for tests, written through contract/data/manifest.py (the one writer of the format)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.prepare import manifest as mf
+from contract.data import manifest as mf
 
 
 def write_prepared(root: Path, train: Sequence[Sequence[int]], val: Sequence[Sequence[int]] = (),

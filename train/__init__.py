@@ -1,0 +1,19 @@
+"""Compute-node side of slurmtrain: one process per rank (an srun task, a local worker, a torchrun process).
+
+Started through `python -m launcher.worker` (launcher/worker.py), it reads the resolved config and the run
+directory through the contract (contract/) and never imports launcher/.
+
+    entry.py       a rank's main: the environment, the process group, the run's pieces, the loop
+    loop.py        the training loop: resume, micro steps, the optimizer step, log, agree on stopping, save
+    distributed.py rank, world and master address -> process group and device
+    optim.py       the optimizer and its schedule
+    model/         slurmtrain's transformer, a user's or a Hugging Face model built, probed, sampled
+    data/          samples as a pure function of the global index: token files, mixtures, prefetching
+    strategies/    one Strategy protocol, one module per backend (DDP, FSDP, DeepSpeed, TP, PP)
+    checkpoints/   writing, verifying and reading checkpoints; retention; evaluation jobs handed a checkpoint
+    weights/       weights in and out: model.init_from, weight files, export
+    evaluation/    validation sets and the pass; evaluation jobs' entry and submission
+    stability/     non-finite steps, spikes, rollback, replica checks
+    faults/        preemption, signals, hangs (watchdog), unexpected failures and requeue
+    observe/       logs, metrics and wandb; telemetry (MFU, stragglers, profiles); measured memory
+"""

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 def load_config(path: str | Path) -> Any:
     # The resolved config is the contract with the launcher; merging it into the schema re-checks its keys.
-    from launcher.schema import Config
+    from contract.config.schema import Config
 
     return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
 
@@ -38,25 +38,25 @@ def check_launch(environ: dict[str, str]) -> None:
 
 def run(config_path: str | Path) -> int:
     started = time.time()
-    from launcher.terminal import outlive_terminal
+    from contract.terminal import outlive_terminal
 
     # First: a terminal that goes away (`| head`, a dropped SSH session) must not end the rank, nor change its outcome.
     outlive_terminal()
     check_launch(dict(os.environ))
     cfg = load_config(config_path)
-    from train.signals import StopFlag, preempt_signal
+    from train.faults.signals import StopFlag, preempt_signal
 
     # Before the heavy imports: a signal during start-up or a checkpoint load is remembered, not fatal.
     flag = StopFlag(preempt_signal(cfg))
     import torch
 
-    from launcher.errors import EXIT_BAD_INPUT, ConfigError
+    from contract.errors import EXIT_BAD_INPUT, ConfigError
     from train import distributed
+    from train.faults.preemption import RequeueLimitReached, requeue
+    from train.faults.recovery import begin_attempt, end_of_attempt, log_failure, recover
+    from train.faults.watchdog import Watchdog
     from train.loop import train
-    from train.metrics import log, setup_logging
-    from train.preemption import RequeueLimitReached, requeue
-    from train.recovery import begin_attempt, end_of_attempt, log_failure, recover
-    from train.watchdog import Watchdog
+    from train.observe.metrics import log, setup_logging
 
     run_dir = Path(config_path).resolve().parent
     env = distributed.detect()
@@ -120,9 +120,9 @@ def run(config_path: str | Path) -> int:
 
 
 def end_if_environment(err: BaseException, run_dir: Path, env: Any, step: int, started: float) -> None:
-    """A failure from outside the code ends in one line and its own exit code (train/environment_errors.py)."""
-    from train.environment_errors import EXIT_ENVIRONMENT, classify
-    from train.recovery import end_for_environment, node_name
+    """A failure from outside the code ends in one line and its own exit code (contract/rundir/environment.py)."""
+    from contract.rundir.environment import EXIT_ENVIRONMENT, classify
+    from train.faults.recovery import end_for_environment, node_name
 
     ending = classify(err, run_dir, rank=env.rank, host=node_name(), step=step)
     if ending is not None:
@@ -131,8 +131,8 @@ def end_if_environment(err: BaseException, run_dir: Path, env: Any, step: int, s
 
 
 def terminal_gone(stream: str) -> None:
-    """Said once, in the rank's log file (launcher/terminal.py): where its output goes on."""
-    from train.recovery import _to_rank_log
+    """Said once, in the rank's log file (contract/terminal.py): where its output goes on."""
+    from train.faults.recovery import _to_rank_log
 
     _to_rank_log(logging.WARNING, f"the terminal went away ({stream}: its reader closed or it hung up); training "
                  "goes on, its output goes on in this log file", None)

@@ -3,69 +3,43 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from launcher.observe.events import settle_steps_lost
-from launcher.schema import TrainerConfig
+from contract.config.schema import TrainerConfig
+from contract.data.fingerprint import data_fingerprint, refuse_changed_data
+from contract.rundir.events import settle_steps_lost
 from train import distributed
-from train.build import build_model, flops_per_token, logits_of
-from train.checkpoint import CheckpointManager
+from train.checkpoints.manager import CheckpointManager
 from train.data import (
-    IGNORE_INDEX,
     TokenSource,
     build_source,
     data_progress,
-    load_micro_batch,
-    micro_batch_indices,
     planned_micro_batches,
 )
-from train.data.fingerprint import data_fingerprint, refuse_changed_data
 from train.data.index import INDEX_VERSION, LEGACY_INDEX_VERSION
+from train.data.prefetch import BatchPrefetcher, describe_dropped
 from train.distributed import DistEnv, all_reduce_mean
 from train.evaluation.validator import Validator
-from train.init_weights import refuse_lost_init, start_from
-from train.metrics import MetricsLogger, log
-from train.preemption import PreemptionWatcher, StopOutcome, after_stop
-from train.prefetch import BatchPrefetcher, describe_dropped
-from train.signals import StopFlag, preempt_signal
-from train.stability import faults
+from train.faults.preemption import PreemptionWatcher, StopOutcome, after_stop
+from train.faults.signals import StopFlag, preempt_signal
+from train.faults.watchdog import Watchdog
+from train.model.build import build_model, flops_per_token
+from train.observe.metrics import MetricsLogger, log
+from train.observe.telemetry import Telemetry
 from train.stability.runner import NOTHING, Stability
-from train.stability.z_loss import ZLoss
+from train.step import TrainResult, TrainState, train_step
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
-from train.telemetry import NO_TIMING, StepTimer, Telemetry
-from train.watchdog import Watchdog
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    # Global sample index of the next sample: the data position, independent of the world size.
-    samples: int = 0
-    tokens: int = 0
-    wandb_id: str | None = None
-    # The order of windows within an epoch (train/data/index.py); a checkpoint without it used version 1.
-    data_index: int = INDEX_VERSION
-
-
-@dataclass
-class TrainResult:
-    state: TrainState
-    model: torch.nn.Module
-    losses: dict[int, float]
-    # exit_code 0: finished or to be requeued; EXIT_STOPPED: checkpointed and stopped, the same command resumes.
-    outcome: StopOutcome = StopOutcome(0, None)
+from train.weights.init_weights import refuse_lost_init, start_from
 
 
 def seed_everything(seed: int) -> None:
@@ -103,88 +77,6 @@ def new_wandb_id(cfg: Any, env: DistEnv) -> str | None:
     from wandb.sdk.lib.runid import generate_id
 
     return str(generate_id())
-
-
-# Tests set this to a directory: each rank appends the global sample indices it trains on, one line per step.
-TRACE_SAMPLES_ENV = "SLURMTRAIN_TRACE_SAMPLES"
-
-
-def trace_samples(state: TrainState, env: DistEnv, indices: list[int], strategy: Strategy | None = None) -> None:
-    trace_dir = os.environ.get(TRACE_SAMPLES_ENV)
-    if strategy is not None and strategy.layout is not None and not strategy.layout.feeds_data:
-        return  # a tensor-parallel peer or a later stage of the same replica: the same samples
-    if trace_dir:
-        with open(Path(trace_dir) / f"rank{env.rank}_world{env.world_size}.txt", "a") as f:
-            f.write(f"{state.step + 1} {' '.join(map(str, indices))}\n")
-
-
-def _no_mark() -> None:
-    pass
-
-
-def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
-               env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING,
-               mark: Callable[[], None] = _no_mark, prefetcher: BatchPrefetcher | None = None,
-               z_loss: ZLoss | None = None) -> torch.Tensor:
-    """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync). `mark`
-    counts progress inside the step (the watchdog's: a hung rank is the one that got least far). With a
-    `prefetcher` the micro batches come ready from its thread; without one they are loaded here. `z_loss`
-    (optim.z_loss): added to what is backpropagated; the returned loss is the cross-entropy alone."""
-    t = cfg.trainer
-    accum, micro_batch_size = t.grad_accum_steps, t.micro_batch_size  # once: config reads are slow
-    if strategy.pipeline is not None:
-        return pipeline_step(strategy, source, state, cfg, env, device, timer, mark)
-    loss_sum = torch.zeros((), device=device)
-    z_sum = torch.zeros((), device=device) if z_loss is not None else None
-    consumed: list[int] = []
-    for micro in range(accum):
-        idx = micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size, micro_batch_size)
-        consumed.extend(idx)
-        with timer.data():
-            if prefetcher is not None:
-                inputs, targets = prefetcher.get(idx)
-            else:
-                inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
-        if faults.ACTIVE:
-            inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
-        mark()
-        with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
-            with strategy.autocast():
-                logits = logits_of(model(inputs))
-            flat_logits, flat_targets = logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
-            if z_loss is None:
-                loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX)
-                total = loss
-            else:
-                loss, z = z_loss.losses(flat_logits, flat_targets, IGNORE_INDEX)
-                total = loss + z
-                z_sum += z.detach()  # type: ignore[operator]
-            if faults.ACTIVE:
-                total = faults.loss(total, state.step + 1, state.samples, env.rank)
-            mark()
-            strategy.backward(total / accum)
-        loss_sum += loss.detach()
-    trace_samples(state, env, consumed, strategy)
-    if z_loss is not None:
-        z_loss.last = z_sum / accum  # type: ignore[operator]
-    return loss_sum / accum
-
-
-def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any, env: DistEnv,
-                  device: torch.device, timer: StepTimer, mark: Callable[[], None]) -> torch.Tensor:
-    """A pipeline stage's step: the step's micro batches, in order, go through the schedule together."""
-    t = cfg.trainer
-    consumed: list[int] = []
-    with timer.data():
-        for micro in range(t.grad_accum_steps):
-            consumed.extend(micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size,
-                                                t.micro_batch_size))
-        inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, consumed))
-    mark()
-    with timer.synchronised(True):
-        loss = strategy.pipeline.step(inputs, targets)
-    trace_samples(state, env, consumed, strategy)
-    return loss
 
 
 def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: StopFlag | None = None,
@@ -353,7 +245,7 @@ def start_prefetch(source: TokenSource, state: TrainState, cfg: Any, strategy: S
                    device: torch.device, stability: Stability | None = None) -> BatchPrefetcher | None:
     """A worker thread preparing the micro batches of the next trainer.prefetch_steps steps (None: 0, or
     nothing left to train). A config.yaml written before the key existed prefetches at the default. With skipped
-    sample ranges (train/stability/skips.py) the plan steps over them as the loop does."""
+    sample ranges (contract/rundir/skipped_samples.py) the plan steps over them as the loop does."""
     t = cfg.trainer
     steps_ahead = int(t.get("prefetch_steps", TrainerConfig.prefetch_steps))
     if steps_ahead == 0 or state.step >= t.max_steps or strategy.pipeline is not None:

@@ -7,7 +7,7 @@ import signal
 
 from omegaconf import DictConfig
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 
 # Environment variable names that must never be written into an sbatch script or a config dump.
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)

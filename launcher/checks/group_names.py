@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, open_dict
 
+from contract.errors import ConfigError
 from launcher.checks.overrides import override_key, typed_for
-from launcher.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "data", "optim", "strategy", "precision")

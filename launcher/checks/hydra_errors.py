@@ -49,7 +49,7 @@ def take() -> str:
 
 
 def _suggest(key: str) -> str:
-    from launcher import schema
+    from contract.config import schema
     from launcher.checks import key_checks
 
     cls: type = schema.Config

@@ -17,10 +17,11 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from launcher import schema
+from contract.config import schema
+from contract.config.suggest import close_key
+from contract.errors import ConfigError
+from contract.rules.schedules import DECAY_SHAPES, SCHEDULES
 from launcher.checks.overrides import override_key, typed, typed_for
-from launcher.errors import ConfigError
-from train.schedules import DECAY_SHAPES, SCHEDULES
 
 CHOICES = {
     "model.position": ("rope", "learned"),
@@ -51,7 +52,7 @@ def _section_type(hint: Any) -> type | None:
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     # Cached: evaluating the string annotations costs milliseconds per class, and a sweep checks every point.
-    return typing.get_type_hints(cls, vars(schema))
+    return typing.get_type_hints(cls)
 
 
 def _holds_value(node: dict[str, Any], key: str) -> bool:
@@ -79,24 +80,6 @@ def _missing(node: dict[str, Any], cls: type, prefix: str) -> None:
                f"drop ~{name} (the name comes from the group option)" if f.name == "name" else
                f"set {name}=VALUE")
         raise ConfigError(f"{name} is required and was removed (~{name}): {fix}")
-
-
-def _similar(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, a, b).ratio()
-
-
-def close_key(typed: str, keys: list[str]) -> str | None:
-    """The declared key `typed` most likely misspells, or None. Close in spelling as a whole (max_step,
-    microbatch_size) or word by word (batch_size for micro_batch_size); a shared word alone is not enough
-    (eval_every is not log_every)."""
-    words = [w for w in typed.split("_") if w]
-    for key in difflib.get_close_matches(typed, keys, n=5, cutoff=0.6):
-        if _similar(typed.replace("_", ""), key.replace("_", "")) >= 0.85:
-            return key
-        theirs = [w for w in key.split("_") if w]
-        if all(any(_similar(w, t) >= 0.75 for t in theirs) for w in words):
-            return key
-    return None
 
 
 # Names other tools give our keys (Hugging Face, nanoGPT, Megatron, torchrun): close in meaning, not spelling.

@@ -15,12 +15,12 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from contract.errors import ConfigError
+from contract.rundir import ckpt_layout as layout
 from launcher.checks.hydra_errors import yaml_syntax
-from launcher.errors import ConfigError
 from launcher.plan.paths import make_absolute
 from launcher.plan.run_name import training_settings
 from launcher.run.rundir_paths import check_writable
-from train import ckpt_layout as layout
 
 # Sections every saved config has: a file without one of them was cut short or is not ours.
 REQUIRED = ("model", "data", "optim", "strategy", "precision", "trainer", "run")
@@ -116,9 +116,9 @@ def _data_choice(key: str) -> bool:
 
 
 def check_data_unchanged(cfg: DictConfig, run_dir: Path) -> None:
-    """The newest checkpoint was trained on the data this config reads (its fingerprint, train/data/fingerprint.py;
+    """The newest checkpoint was trained on the data this config reads (its fingerprint, contract/data/fingerprint.py;
     also in a directory without config.yaml, where a checkpoint was copied in)."""
-    from train.data.fingerprint import refuse_changed_data
+    from contract.data.fingerprint import refuse_changed_data
 
     latest = layout.latest_complete_checkpoint(run_dir)
     if latest is not None and cfg.run.resume and not cfg.run.overwrite:

@@ -1,6 +1,6 @@
 """One row per run for `launcher.status`: its state, step, checkpoint, losses, attempt ends, goodput and hours.
 
-Queue and accounting facts come from launcher/observe/accounting.py; everything else is read from the run
+Queue and accounting facts come from contract/rundir/accounting.py; everything else is read from the run
 directory, so a local run shows its progress too.
 """
 
@@ -11,11 +11,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.observe import accounting, eval_results, events, metrics_file, validation_log
-from launcher.observe.metrics_file import read_metrics
+from contract.rules import blowup
+from contract.rundir import accounting, ckpt_layout, eval_results, events, metrics_file, validation_log
+from contract.rundir import environment as environment_errors
+from contract.rundir.metrics_file import read_metrics
 from launcher.observe.runs import DAMAGED, RunRef, Target, load_config, merge_jobs
-from train import ckpt_layout, environment_errors
-from train.stability import blowup
 
 
 @dataclass
@@ -51,7 +51,7 @@ class Row:
     corruption: list[str] = field(default_factory=list)
     # Rollbacks with the sample ranges they skip, and the steps not applied (train/stability): one line each.
     stability: list[str] = field(default_factory=list)
-    # The step since which every logged loss has been far above the run's start (train/stability/blowup.py: more than
+    # The step since which every logged loss has been far above the run's start (contract/rules/blowup.py: more than
     # stability.blowup_margin nats above its first logged loss, capped at ln(vocab)); None while the last is not.
     loss_blown_since: int | None = None
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import ConfigError
-from launcher.prepare.manifest import is_prepared_dir, load_manifest
+from contract.data.manifest import is_prepared_dir, load_manifest
+from contract.errors import ConfigError
 from launcher.prepare.tokenizer import BYTES
 
 

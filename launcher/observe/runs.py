@@ -11,8 +11,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from contract.errors import ConfigError
 from launcher.checks import resume_checks
-from launcher.errors import ConfigError
 from launcher.sweeps.sweepdir import Sweep, is_sweep_dir, load_sweep
 
 

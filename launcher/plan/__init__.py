@@ -5,10 +5,9 @@
     world.py         the world size, ranks per node, the GPUs on this machine
     run_name.py      the run name derived from the training settings, which a resume must keep
     parallel.py      tensor, pipeline and data-parallel degrees on the device mesh, laid onto the cluster
-    estimate.py      FLOPs, memory per GPU and step time of a config
+    estimate.py      memory per GPU and step time of a config (FLOPs per token: contract/rules/flops.py)
     fit.py           does it fit, which strategy (strategy=auto), the learning-rate scaling, the compute budget
     lr_schedule.py   the learning-rate schedule: refused when it can't run, described across a resume
     probe.py         asks a user's model and data (a child process) what the plan needs to know
     init_from.py     which weights the run starts from (model.init_from, a random init, its own checkpoint)
-    hf_config.py     model=hf_causal_lm: the local Hugging Face config, read as plain JSON
 """

@@ -1,7 +1,7 @@
 """What a config costs, before it runs: FLOPs, memory per GPU, step time. Pure arithmetic on the config; no torch.
 
-The training side's telemetry uses the same FLOPs count for MFU, so the plan and the measured figures agree on
-what one token costs.
+FLOPs per token come from the contract (contract/rules/flops.py), which the training side's telemetry counts
+with too.
 """
 
 from __future__ import annotations
@@ -9,23 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
-def matmul_params(m: Any) -> int:
-    """Parameters that take part in a matrix multiply for every token (the blocks' projections and the output
-    layer; not the embedding lookups or the norms)."""
-    d, layers = m.d_model, m.n_layers
-    head_dim = d // m.n_heads
-    kv_heads = m.n_kv_heads or m.n_heads
-    attn = d * d + 2 * kv_heads * head_dim * d + d * d
-    mlp = d * m.ffn_hidden * (3 if m.mlp == "swiglu" else 2)
-    return layers * (attn + mlp) + m.vocab_size * d
-
-
-def flops_per_token(m: Any, seq_len: int) -> float:
-    """Training FLOPs per token (forward and backward): 6 per matmul parameter, plus attention's scores and
-    weighted values, 12 x layers x d_model x sequence length (PaLM, appendix B)."""
-    return 6.0 * matmul_params(m) + 12.0 * m.n_layers * m.d_model * seq_len
-
+from contract.rules.flops import flops_per_token
 
 GB = 1024**3
 # AdamW keeps two fp32 moments per parameter.

@@ -17,10 +17,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.errors import ConfigError
+from contract.config.schema import StrategyConfig
+from contract.errors import ConfigError
 from launcher.plan.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
 from launcher.plan.parallel import COMPOSABLE
-from launcher.schema import StrategyConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # strategy=auto tries these in order (cheapest communication first); activation checkpointing, then offload last.

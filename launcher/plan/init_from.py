@@ -1,7 +1,7 @@
 """The plan's weights line: which weights a run starts from, always (model.init_from, a random init, or on resume
 the run's own checkpoint), and a refusal before anything is created when model.init_from does not fit the model.
 
-Names and shapes are compared in a child process (`python -m launcher.worker --init-from`, train/init_weights.py:
+Names and shapes are compared in a child process (`python -m launcher.worker --init-from`, train/weights/init_weights.py:
 the model on the meta device against the weights' headers or checkpoint metadata); this module stays torch-free.
 """
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
+from contract.rules.init_source import KEY, resolve, saved_weights
+from contract.rundir import ckpt_layout as layout
 from launcher.plan.probe import ask, needs_probe, probe_request
 from launcher.run.rundir_paths import CLEARED_BY_OVERWRITE
-from train import ckpt_layout as layout
-from train.init_source import KEY, resolve, saved_weights
 
 
 def normalize(cfg: DictConfig) -> None:

@@ -6,26 +6,35 @@ launcher/plan/world.py's, the run name launcher/plan/run_name.py's.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
+from contract.errors import ConfigError
+from contract.rules.eval_jobs import check_eval_jobs, jobs_enabled
+from contract.rules.eval_sets import check_eval, repeat_warning, resolved_sets, set_spec
+from contract.rules.eval_sets import enabled as eval_enabled
+from contract.rules.eval_sets import plan_line as eval_plan_line
+from contract.rules.stability_checks import check_stability
 from launcher.checks.cluster_checks import validate_cluster
 from launcher.checks.group_names import settle_names
 from launcher.checks.input_checks import check_inputs
 from launcher.checks.key_checks import check_keys
-from launcher.errors import ConfigError
+from launcher.plan.cross_checks import (
+    _check_model,
+    _check_ranges,
+    _check_strategy,
+    _resolve_accumulation,
+    count_parameters,
+)
 from launcher.plan.estimate import GB, ModelShape
 from launcher.plan.fit import Budget, Fit, budget, check_fit, scaled_lr
-from launcher.plan.hf_config import HF_TARGET, apply_hf_config
 from launcher.plan.init_from import normalize as normalize_init_from
 from launcher.plan.init_from import weights_lines
 from launcher.plan.lr_schedule import schedule_note
 from launcher.plan.parallel import (
-    MIN_MICRO_PER_STAGE,
     check_composable,
     check_layout,
     check_micro_batches,
@@ -35,12 +44,7 @@ from launcher.plan.parallel import (
 )
 from launcher.plan.paths import make_absolute, run_name
 from launcher.plan.probe import needs_probe, probe
-from launcher.plan.world import has_gpus, local_gpu_count, tasks_per_node, world_size
-from launcher.run.eval_jobs import check_eval_jobs, jobs_enabled
-from train.evaluation.sets import check_eval, repeat_warning, resolved_sets, set_spec
-from train.evaluation.sets import enabled as eval_enabled
-from train.evaluation.sets import plan_line as eval_plan_line
-from train.stability.checks import check_stability
+from launcher.plan.world import local_gpu_count, tasks_per_node, world_size
 
 
 @dataclass(frozen=True)
@@ -138,93 +142,6 @@ class Plan:
         if self.weights_lines:
             out["weights"] = self.weights_lines[0].removeprefix("weights: ")
         return out
-
-
-def count_parameters(m: Any) -> int:
-    d, v, layers = m.d_model, m.vocab_size, m.n_layers
-    head_dim = d // m.n_heads
-    kv_heads = m.n_kv_heads or m.n_heads
-    attn = d * d + 2 * kv_heads * head_dim * d + d * d
-    mlp = d * m.ffn_hidden * (3 if m.mlp == "swiglu" else 2)
-    norm = d if m.norm == "rmsnorm" else 2 * d
-    total = v * d + layers * (attn + mlp + 2 * norm) + norm
-    if m.position == "learned":
-        total += m.max_seq_len * d
-    if not m.tie_embeddings:
-        total += v * d
-    return total
-
-
-def _check_model(cfg: DictConfig) -> None:
-    m = cfg.model
-    if m.get("_target_") == HF_TARGET and not m.config_path:
-        raise ConfigError(f"model={m.name} needs a local Hugging Face config: add model.config_path=PATH "
-                          "(a config.json or its directory)")
-    if m.config_path is not None:
-        apply_hf_config(cfg)
-    if m.get("_target_"):
-        return
-    if m.d_model % m.n_heads:
-        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
-    if m.n_kv_heads and m.n_heads % m.n_kv_heads:
-        raise ConfigError(f"model.n_heads={m.n_heads} is not a multiple of model.n_kv_heads={m.n_kv_heads}")
-    if m.position == "rope" and (m.d_model // m.n_heads) % 2:
-        raise ConfigError("rope needs an even head dimension: change model.d_model or model.n_heads")
-    if cfg.data.seq_len > m.max_seq_len:
-        raise ConfigError(
-            f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={m.max_seq_len}: "
-            f"set data.seq_len<={m.max_seq_len}"
-        )
-
-
-def _check_strategy(cfg: DictConfig, world: int) -> None:
-    from train.strategies import REGISTRY
-
-    s = cfg.strategy
-    if s.name not in REGISTRY:
-        raise ConfigError(f"strategy.name={s.name} is unknown: choose one of {', '.join(REGISTRY)}")
-    if s.backend == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        raise ConfigError(f"strategy={s.name} needs deepspeed: run `pip install -e .[deepspeed]`")
-    if s.backend == "deepspeed":
-        if s.zero_stage not in (1, 2, 3):
-            raise ConfigError(f"strategy.zero_stage={s.zero_stage} must be 1, 2 or 3 for strategy={s.name}")
-        if s.offload_params and s.zero_stage != 3:
-            raise ConfigError(f"strategy.offload_params=true needs ZeRO stage 3, not {s.zero_stage}: use "
-                              "strategy=zero3_offload, or drop strategy.offload_params")
-        if cfg.precision.name == "fp16" and not has_gpus(cfg):
-            raise ConfigError(f"precision=fp16 with strategy={s.name} needs GPUs (DeepSpeed's CPU accelerator has "
-                              "no fp16 here): use precision=bf16 or precision=fp32")
-    if s.name == "hsdp" and s.replicate_degree and world % s.replicate_degree:
-        raise ConfigError(f"strategy.replicate_degree={s.replicate_degree} does not divide the world size "
-                          f"{world}: pick a divisor of {world}")
-
-
-def _resolve_accumulation(cfg: DictConfig, world: int) -> int:
-    """`world`: the data-parallel size (the world size over tensor x pipeline parallel degrees). Unset, a pipeline
-    gets 4 micro batches per stage, anything else 1."""
-    t = cfg.trainer
-    per_step = t.micro_batch_size * world
-    if t.global_batch_size is None:
-        return int(t.grad_accum_steps or (MIN_MICRO_PER_STAGE * cfg.parallel.pp if cfg.parallel.pp > 1 else 1))
-    if t.global_batch_size % per_step:
-        raise ConfigError(
-            f"trainer.global_batch_size={t.global_batch_size} is not divisible by trainer.micro_batch_size x "
-            f"world size = {t.micro_batch_size} x {world}: pick a global batch that is a multiple of {per_step}"
-        )
-    accum = t.global_batch_size // per_step
-    if t.grad_accum_steps is not None and t.grad_accum_steps != accum:
-        raise ConfigError(
-            f"trainer.grad_accum_steps={t.grad_accum_steps} disagrees with trainer.global_batch_size="
-            f"{t.global_batch_size} (micro {t.micro_batch_size} x world {world} needs {accum}): drop one of them"
-        )
-    return accum
-
-
-def _check_ranges(cfg: DictConfig, world: int) -> None:
-    if world < 1:
-        raise ConfigError(f"world size {world} must be at least 1: set local.nproc>=1")
-    if cfg.strategy.name == "single" and world > 1:
-        raise ConfigError(f"strategy=single runs one process but the world size is {world}: use strategy=ddp")
 
 
 def model_shape(cfg: DictConfig, world: int) -> tuple[ModelShape | None, str]:
@@ -330,12 +247,12 @@ def make_plan(cfg: DictConfig) -> Plan:
 
 def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
     """data=tokens: what the run's `samples` samples read of each source, in epochs, and a warning for each
-    source the run will read more than once (train/data/spec.py, mixture.py: the arithmetic the ranks use)."""
+    source the run will read more than once (contract/data/spec.py, mixture.py: the arithmetic the ranks use)."""
     d = cfg.data
     if d.get("_target_") or d.name != "tokens":
         return ()
-    from train.data.mixture import samples_per_source
-    from train.data.spec import token_sources
+    from contract.data.mixture import samples_per_source
+    from contract.data.spec import token_sources
 
     specs, seq_len = token_sources(d), int(d.seq_len)
     counts = samples_per_source([s.weight for s in specs], samples) if d.get("sources") else [samples]
@@ -355,7 +272,7 @@ def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
 
 def eval_set_warnings(cfg: DictConfig, global_batch: int) -> tuple[str, ...]:
     """A warning for each val or tokens set with fewer samples than a validation pass reads (eval.batches x the
-    global batch): the words the ranks say at the first pass (train/evaluation/sets.py repeat_warning). A small set
+    global batch): the words the ranks say at the first pass (contract/rules/eval_sets.py repeat_warning). A small set
     is legal, so this is no refusal; synthetic sets are unbounded and a dataset's size is known only once built."""
     if not eval_enabled(cfg) and not jobs_enabled(cfg):
         return ()

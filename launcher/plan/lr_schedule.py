@@ -1,7 +1,7 @@
 """The launch plan's learning-rate schedule: schedules that can't run are refused, and the plan says what the rate
 does over the run and, when a run with checkpoints resumes (an extended one above all), across the old and new steps.
 
-The rates are the training side's own closed forms (train/schedules.py, no torch), so what the plan says is what
+The rates are the training side's own closed forms (contract/rules/schedules.py, no torch), so what the plan says is what
 metrics.jsonl will show.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.errors import ConfigError
-from launcher.schema import OptimConfig
-from train import ckpt_layout as layout
-from train.schedules import LENGTH_FREE, READS, Schedule
+from contract.config.schema import OptimConfig
+from contract.errors import ConfigError
+from contract.rules.schedules import LENGTH_FREE, READS, Schedule
+from contract.rundir import ckpt_layout as layout
 
 
 def check_schedule(cfg: DictConfig) -> Schedule:

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 
 SCHEDULES = ("1f1b", "interleaved_1f1b")
 # Micro batches per pipeline stage below which the bubble dominates (the rule: at least 4 x pp).

@@ -1,4 +1,4 @@
-"""Every path the config names, made absolute once at launch: the keys launcher/schema.py declares with
+"""Every path the config names, made absolute once at launch: the keys contract/config/schema.py declares with
 `schema.path_key` (data.path, data.sources.NAME.path, eval.sets.NAME.path, model.init_from, model.config_path, run.root),
 `~` expanded and a relative path joined to the directory the launcher runs in. config.yaml then means the same
 from any directory (the ranks, an evaluation job, launcher.sample and export, a job whose working directory

@@ -1,7 +1,7 @@
 """Ask a user's model (`model._target_`, `data._target_`, model=hf_causal_lm) what the plan needs to know.
 
 The launcher never imports torch, and a user's model needs it: the question goes to a child process
-(train/probe.py), which imports the targets from the user's project directory and builds the model on the meta
+(train/model/probe.py), which imports the targets from the user's project directory and builds the model on the meta
 device (a model that loads weights as it is built: on the CPU within a bound, or counted from its weight files), and
 asks the strategy whether it can train it. One answer per distinct request per process, so a sweep asks once.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 from launcher.plan.estimate import ModelShape
 
 _answers: dict[str, dict[str, Any]] = {}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Any
 
 from omegaconf import DictConfig
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
+from contract.rules.sbatch import tasks_per_node
 
 
 def local_gpu_count() -> int:
@@ -23,12 +23,6 @@ def local_gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def tasks_per_node(cluster: Any) -> int:
-    if cluster.tasks_per_node:
-        return int(cluster.tasks_per_node)
-    return max(1, int(cluster.gpus_per_node))
 
 
 def has_gpus(cfg: DictConfig) -> bool:

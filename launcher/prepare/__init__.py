@@ -1,7 +1,6 @@
 """`python -m launcher.prepare`: a corpus (text, JSON Lines, Parquet; compressed too) -> a prepared dataset.
 
   __main__.py   the command line: parse, check, then run locally or submit to SLURM
-  manifest.py   the on-disk format (manifest.json, shards): the one reader and writer, shared with train/
   inputs.py     finding input files (files, directories, globs) and reading their documents (binary skipped)
   filters.py    --include / --exclude: which files found in a directory are chosen
   tokenizer.py  loading a tokenizer (a local tokenizer.json or `bytes`) and its end-of-document id
@@ -10,5 +9,5 @@
   run.py        the local worker pool, resume and finalize (manifest.json written last)
   progress.py   a progress bar on a terminal, plain lines otherwise
   slurm.py      +cluster=NAME: the tasks as one SLURM CPU job array, then a finalize job
-Never imports torch.
+The on-disk format (manifest.json, shards) is the contract's: contract/data/manifest.py. Never imports torch.
 """

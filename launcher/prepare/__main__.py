@@ -1,6 +1,6 @@
 """python -m launcher.prepare INPUTS... --out DIR --tokenizer T [options] [+cluster=NAME [cluster.KEY=VALUE]]
 
-Turns a corpus into a prepared dataset directory (see launcher/prepare/manifest.py): checks everything it can
+Turns a corpus into a prepared dataset directory (see contract/data/manifest.py): checks everything it can
 before writing anything, then prepares locally over worker processes, or with +cluster=NAME submits one SLURM
 CPU job array (a task per group of input files) and a finalize job, and returns at once.
 """
@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from launcher.errors import EXIT_BAD_INPUT, ConfigError
+from contract.data.manifest import Manifest
+from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.prepare.inputs import ENCODING_ERRORS
-from launcher.prepare.manifest import Manifest
 from launcher.prepare.plan import DEFAULT_TASK_MB, DEFAULT_VAL_FRACTION, Options, Plan, make_plan
-from launcher.prepare.run import AUTO_MB_PER_WORKER, cpu_count, skipped_line
+from launcher.prepare.pool import AUTO_MB_PER_WORKER, cpu_count
+from launcher.prepare.run import skipped_line
 
 EXIT_INTERRUPTED = 130
 
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     argv, cluster, cluster_overrides = _split_cluster(list(sys.argv[1:] if argv is None else argv))
     args = _parser().parse_args(argv)
     try:
-        from launcher.prepare.inputs import check_columns, resolve_inputs
+        from launcher.prepare.documents import check_columns
+        from launcher.prepare.inputs import resolve_inputs
         from launcher.prepare.tokenizer import load_tokenizer
 
         _check_options(args)
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 f"{cluster_overrides[0]} needs +cluster=NAME (without it the preparation runs here)"
             )
-        from launcher.prepare.run import Interrupted, WorkerDied, prepare_local
+        from launcher.prepare.pool import Interrupted, WorkerDied
+        from launcher.prepare.run import prepare_local
 
         try:
             manifest, written = prepare_local(plan, args.workers, args.overwrite)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 
 
 @dataclass(frozen=True)

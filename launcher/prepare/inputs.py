@@ -16,11 +16,8 @@ before its first document, so that a file is read whole or not at all.
 
 from __future__ import annotations
 
-import codecs
 import glob
 import gzip
-import io
-import json
 import os
 import re
 import shlex
@@ -29,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 from launcher.prepare.filters import Filters
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -230,30 +227,6 @@ def _binary(file: InputFile, why: str) -> BadInput:
     )
 
 
-def check_columns(files: list[InputFile], options: ReadOptions) -> None:
-    """Refuse, before anything is written, a Parquet file without the text column (its schema is cheap to read)."""
-    for file in files:
-        if file.kind == "parquet":
-            names = _parquet_file(file).schema_arrow.names
-            if options.text_field not in names:
-                raise BadInput(
-                    f"{file.path} has no column {options.text_field!r} (it has {', '.join(names)}): "
-                    f"name the text column with --text-field"
-                )
-
-
-def _parquet_file(file: InputFile):  # -> pyarrow.parquet.ParquetFile
-    import pyarrow
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(file.path)
-    except (OSError, pyarrow.ArrowException) as err:
-        raise BadInput(
-            f"cannot read {file.path} as Parquet ({_first_line(err)}): replace it or {_leave_out(file)}"
-        ) from None
-
-
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
@@ -290,61 +263,6 @@ def _read_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def read_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
-    """The file's documents in order. Raises BadInput naming the file (and line) and the fix, or Skipped (before
-    the first document) for a file found that is binary, or not UTF-8 when its encoding errors are skipped."""
-    if file.kind == "parquet":
-        yield from _parquet_documents(file, options)
-        return
-    errors = options.errors_for(file)
-    try:
-        why = binary_why(file)
-        if why is not None:
-            if file.named:
-                raise _binary(file, why)
-            raise Skipped(BINARY)
-        line_by_line = file.kind == "jsonl" or options.text_per_line
-        if errors == "skip" and line_by_line and not _is_utf8(file):
-            raise Skipped(NOT_UTF8)  # checked whole first: a file is read whole or not at all
-        decode = "replace" if errors == "replace" else "strict"
-        with _open(file) as raw:
-            if file.kind == "jsonl":
-                yield from _jsonl_documents(raw, file, options.text_field, decode)
-            elif options.text_per_line:
-                yield from _line_documents(raw, file, decode)
-            else:
-                data = raw.read()
-                try:
-                    text = data.decode("utf-8", decode)
-                except UnicodeDecodeError as err:
-                    if errors == "skip":
-                        raise Skipped(NOT_UTF8) from None
-                    raise _not_utf8(file, f"byte {err.start}") from None
-                if text:
-                    yield text
-    except _read_errors() as err:
-        raise BadInput(f"cannot read {file.path} ({_first_line(err)}): replace it or {_leave_out(file)}") from None
-
-
-def _is_utf8(file: InputFile) -> bool:
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    try:
-        with _open(file) as raw:
-            while chunk := raw.read(1 << 20):
-                decoder.decode(chunk)
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _not_utf8(file: InputFile, where: str) -> BadInput:
-    return BadInput(
-        f"{file.path} is not UTF-8 text at {where}: convert it (e.g. `iconv -f latin1 -t utf-8`), "
-        f"{_leave_out(file)}, or add --encoding-errors skip (or replace)"
-    )
-
-
 def _leave_out(file: InputFile, every: bool = False) -> str:
     """How to leave the file out: for one found in a directory or by a glob, the --exclude that does it (`every`:
     for every file of its format, as for the .json files of a code tree, which are seldom JSON Lines)."""
@@ -361,83 +279,9 @@ def _leave_out(file: InputFile, every: bool = False) -> str:
     return f"leave such files out with --exclude {shlex.quote('*' + suffix)}"
 
 
-def _lines(raw: IO[bytes]) -> IO[bytes]:
-    """A buffered reader to iterate by line (zstandard's stream reader has no readline of its own)."""
-    return raw if hasattr(raw, "peek") else io.BufferedReader(raw, 1 << 20)  # type: ignore[type-var]
 
 
-def _line_documents(raw: IO[bytes], file: InputFile, decode: str) -> Iterator[str]:
-    for lineno, line in enumerate(_lines(raw), 1):
-        try:
-            text = line.decode("utf-8", decode).rstrip("\r\n")
-        except UnicodeDecodeError:
-            raise _not_utf8(file, f"line {lineno}") from None
-        if text:
-            yield text
 
 
-def _jsonl_documents(raw: IO[bytes], file: InputFile, field: str, decode: str) -> Iterator[str]:
-    loads = json.loads
-    for lineno, line in enumerate(_lines(raw), 1):
-        if not line.strip():
-            continue
-        try:
-            record = loads(line if decode == "strict" else line.decode("utf-8", decode))
-        except UnicodeDecodeError:
-            raise _not_utf8(file, f"line {lineno}") from None
-        except ValueError as err:  # JSONDecodeError
-            raise BadInput(
-                f"{file.path} line {lineno} is not JSON ({_first_line(err)}): fix the line, or "
-                f"{_leave_out(file, every=True)}"
-            ) from None
-        try:
-            text = record[field]
-        except (KeyError, TypeError):
-            keys = (
-                ", ".join(map(repr, record))
-                if isinstance(record, dict)
-                else f"a JSON {type(record).__name__}"
-            )
-            raise BadInput(
-                f"{file.path} line {lineno} has no field {field!r} (it has {keys}): name the text "
-                f"field with --text-field, or {_leave_out(file, every=True)}"
-            ) from None
-        if not isinstance(text, str):
-            raise BadInput(
-                f"{file.path} line {lineno}: field {field!r} is {type(text).__name__}, not text: "
-                f"name the text field with --text-field, or {_leave_out(file, every=True)}"
-            ) from None
-        if text:
-            yield text
 
 
-def _parquet_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
-    import pyarrow
-
-    field = options.text_field
-    parquet = _parquet_file(file)
-    if field not in parquet.schema_arrow.names:
-        raise BadInput(
-            f"{file.path} has no column {field!r} (it has {', '.join(parquet.schema_arrow.names)}): "
-            f"name the text column with --text-field"
-        )
-    row = 0
-    try:
-        for batch in parquet.iter_batches(batch_size=4096, columns=[field]):
-            column = batch.column(0)
-            if not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)):
-                raise BadInput(
-                    f"{file.path}: column {field!r} holds {column.type}, not text: name the text "
-                    f"column with --text-field"
-                )
-            for offset, text in enumerate(column.to_pylist()):
-                if text is None:
-                    raise BadInput(
-                        f"{file.path} row {row + offset} has no {field!r} (null): fill or drop the "
-                        f"row, or name another column with --text-field"
-                    )
-                if text:
-                    yield text
-            row += len(column)
-    except (OSError, pyarrow.ArrowException) as err:
-        raise BadInput(f"cannot read {file.path} ({_first_line(err)}): replace it or {_leave_out(file)}") from None

@@ -15,10 +15,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import ConfigError
+from contract.data.manifest import TokenizerInfo
+from contract.errors import ConfigError
 from launcher.prepare.filters import Filters
 from launcher.prepare.inputs import InputFile, ReadOptions
-from launcher.prepare.manifest import TokenizerInfo
 from launcher.prepare.tokenizer import TokenizerChoice
 
 PARTS = ".parts"

@@ -19,8 +19,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from launcher.prepare.inputs import InputFile, Skipped, read_documents
-from launcher.prepare.manifest import SPLITS, Shard, write_json_atomic
+from contract.data.manifest import SPLITS, Shard, write_json_atomic
+from launcher.prepare.documents import read_documents
+from launcher.prepare.inputs import InputFile, Skipped
 from launcher.prepare.plan import Plan
 from launcher.prepare.tokenizer import Encoder, encoder_for
 

@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import ConfigError
-from launcher.prepare.manifest import MANIFEST
+from contract.data.manifest import MANIFEST
+from contract.errors import ConfigError
 from launcher.prepare.plan import PLAN, Plan, load_plan
 
 JOBS = "jobs.txt"
@@ -30,7 +30,7 @@ def load_cluster(name: str, overrides: list[str], config_dir: str | None = None)
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from launcher.schema import ClusterConfig
+    from contract.config.schema import ClusterConfig
 
     dirs = ([Path(config_dir).expanduser() / "cluster"] if config_dir else []) + [CONF / "cluster"]
     path = next((d / f"{name}.yaml" for d in dirs if (d / f"{name}.yaml").is_file()), None)
@@ -49,7 +49,7 @@ def load_cluster(name: str, overrides: list[str], config_dir: str | None = None)
     except OmegaConfBaseException as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
-            f"cluster {name} ({path}): {reason}: fix that key (see ClusterConfig in launcher/schema.py)"
+            f"cluster {name} ({path}): {reason}: fix that key (see ClusterConfig in contract/config/schema.py)"
         ) from None
     return cluster
 

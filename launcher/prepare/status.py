@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from launcher.errors import ConfigError
-from launcher.prepare.manifest import MANIFEST, SPLITS, Manifest, load_manifest
+from contract.data.manifest import MANIFEST, SPLITS, Manifest, load_manifest
+from contract.errors import ConfigError
 from launcher.prepare.plan import PARTS, PLAN, Plan, load_plan
 from launcher.prepare.shards import completed_record
 from launcher.prepare.slurm import JOBS
@@ -68,7 +68,7 @@ def _locked_here(path: Path) -> bool:
 def _slurm(path: Path) -> tuple[str, str | None, bool]:
     """(job cell, SLURM state, still queued) of the newest submission in .parts/jobs.txt; ("local", None, False)
     without one."""
-    from launcher.observe import accounting
+    from contract.rundir import accounting
     from launcher.observe.run_rows import slurm_state
 
     jobs = (path / PARTS / JOBS).read_text().split() if (path / PARTS / JOBS).is_file() else []

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from launcher.errors import ConfigError
-from launcher.prepare.manifest import TokenizerInfo, dtype_for_vocab
+from contract.data.manifest import TokenizerInfo, dtype_for_vocab
+from contract.errors import ConfigError
 
 BYTES = "bytes"
 BYTES_EOD = 256

@@ -31,13 +31,12 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
               f"{cfg.trainer.max_steps} (raise trainer.max_steps to train on)", file=sys.stderr)
         return 0
     if plan.refusal:
-        from launcher.errors import EXIT_BAD_INPUT
+        from contract.errors import EXIT_BAD_INPUT
 
         print(f"error: {plan.refusal}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if plan.mode == "slurm":
-        from launcher.run.eval_submit import check_eval_submission
-        from launcher.run.slurm import submit
+        from launcher.run.slurm import check_eval_submission, submit
 
         check_eval_submission(cfg, plan)
         return submit(cfg, plan, argv=argv)

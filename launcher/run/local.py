@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from launcher.errors import EXIT_DIVERGED, EXIT_KILLED, EXIT_STOPPED
-from launcher.observe.events import is_secondary_text, record_environment_end
+from contract.errors import EXIT_DIVERGED, EXIT_KILLED, EXIT_STOPPED
+from contract.rundir import environment as environment
+from contract.rundir.events import is_secondary_text, record_environment_end
 from launcher.run import local_ends
-from train import environment_errors as environment
 
 GRACE_S = 30.0
 POLL_S = 0.1
@@ -96,7 +96,7 @@ class WorkerGroup:
         self.killed = False
         self.window = float(os.environ.get(INTERRUPT_WINDOW_ENV, INTERRUPT_WINDOW_S))
         # Outside the run directory, which may be the very thing that failed: where ranks leave their one-line
-        # environmental endings (train/environment_errors.py) for this launcher to print once.
+        # environmental endings (contract/rundir/environment.py) for this launcher to print once.
         self.ending_dir = Path(tempfile.mkdtemp(prefix="slurmtrain-endings-"))
 
     def start(self) -> None:

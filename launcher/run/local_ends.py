@@ -1,6 +1,6 @@
 """The local launcher's record of an attempt's end that its ranks could not record: the launcher outlives them.
 
-Rank 0 records how its attempt ended (train/recovery.py). Where it could not, the launcher does, once every worker
+Rank 0 records how its attempt ended (train/faults/recovery.py). Where it could not, the launcher does, once every worker
 has ended: workers it stopped at once on a second Ctrl-C (`killed`), a rank 0 that died without a word (`crashed`:
 SIGKILL, a segfault), an environment failure (`environment`, launcher/run/local.py). An attempt whose rank 0 died
 before it numbered the attempt is numbered here, so that status and goodput count every attempt.
@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.observe import metrics_file
-from launcher.observe.events import local_attempt_end, local_attempt_of, record_event, start_local_attempt
-from train import ckpt_layout
+from contract.rundir import ckpt_layout, metrics_file
+from contract.rundir.events import local_attempt_end, local_attempt_of, record_event, start_local_attempt
 
 
 def this_attempt(run_dir: Path, rank0_pid: int, started: float) -> tuple[int, float]:

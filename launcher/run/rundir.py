@@ -17,7 +17,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import OmegaConfDumper
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 from launcher.plan.launch_plan import Plan
 from launcher.run.rundir_paths import CLEARED_BY_OVERWRITE, check_writable
 

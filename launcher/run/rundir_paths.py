@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 
 CLEARED_BY_OVERWRITE = ("checkpoints", "metrics.jsonl", "wandb", "events.jsonl", "local_attempts.txt")
 

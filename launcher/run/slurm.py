@@ -16,68 +16,16 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
+from contract.rules.eval_job_script import render_script
+from contract.rules.eval_jobs import jobs_enabled
+from contract.rules.sbatch import executor_parameters
 from launcher.plan.launch_plan import Plan
-from launcher.plan.world import tasks_per_node
 from launcher.run import rundir
 
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED")
 POLL_S = 2.0
-
-
-def signal_name(cluster: Any) -> str:
-    return cluster.signal.removeprefix("SIG")
-
-
-def executor_parameters(cfg: DictConfig, plan: Plan | None = None) -> dict[str, Any]:
-    """The sbatch parameters, in the names submitit's SlurmExecutor takes."""
-    c = cfg.cluster
-    sig = signal_name(c)
-    params: dict[str, Any] = {
-        "job_name": cfg.run.name,
-        "nodes": c.nodes,
-        "ntasks_per_node": tasks_per_node(c),
-        "cpus_per_task": c.cpus_per_task,
-        "time": c.time_limit_min,
-        "partition": c.partition,
-        "account": c.account,
-        "qos": c.qos,
-        "constraint": c.constraint,
-        "exclusive": True if c.exclusive else None,
-        "stderr_to_stdout": False,
-        # One failed rank ends the step instead of leaving the others hanging in a collective.
-        "srun_args": ["--kill-on-bad-exit=1"],
-        "setup": setup_lines(c),
-        "additional_parameters": {
-            # Our signal, not submitit's USR2: every rank handles it, not rank 0 alone.
-            "signal": f"{sig}@{c.signal_lead_s}",
-            "requeue": True,
-            **dict(c.extra_sbatch),
-        },
-    }
-    if c.gpus_per_node:
-        params["gpus_per_node"] = c.gpus_per_node
-    if c.mem_per_task_gb:
-        params["mem"] = _mem(c.mem_per_task_gb * tasks_per_node(c))
-    return {k: v for k, v in params.items() if v is not None}
-
-
-def _mem(gb: float) -> str:
-    return f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
-
-
-def setup_lines(c: Any) -> list[str]:
-    sig = signal_name(c)
-    lines = [
-        # `scancel --signal=USR1 --full` also signals the batch shell; without a trap bash would die and take
-        # the job with it before the ranks had checkpointed.
-        f"trap 'echo \"batch shell: got SIG{sig}; the training ranks checkpoint and requeue\" >&2' {sig}",
-        "export WANDB_RESUME=allow",
-    ]
-    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in c.env.items()]
-    lines += list(c.setup)
-    return lines
 
 
 def slurm_folder(run_dir: Path) -> Path:
@@ -92,7 +40,7 @@ def render_sbatch(cfg: DictConfig, plan: Plan, folder: Path | None = None, job_n
 
     folder = folder or slurm_folder(plan.run_dir)
     command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
-    params = executor_parameters(cfg, plan)
+    params = executor_parameters(cfg)
     if job_name:
         params["job_name"] = job_name
     if array_size and array_size > 1:
@@ -158,7 +106,7 @@ def submit(cfg: DictConfig, plan: Plan, argv: list[str] | None = None) -> int:
 
     config_path = rundir.prepare(cfg, plan.run_dir, argv=argv, plan=plan)
     executor = submitit.SlurmExecutor(folder=slurm_folder(plan.run_dir), max_num_timeout=cfg.cluster.max_requeues)
-    executor.update_parameters(**executor_parameters(cfg, plan))
+    executor.update_parameters(**executor_parameters(cfg))
     try:
         job = executor.submit(train_entry, str(config_path))
     except Exception as err:  # submitit wraps sbatch's refusal; show SLURM's own words, one line
@@ -292,3 +240,11 @@ def _print_new(path: Path, offset: int) -> int:
         sys.stdout.write(data.decode(errors="replace"))
         sys.stdout.flush()
     return offset + len(data)
+
+
+def check_eval_submission(cfg: DictConfig, plan: Plan) -> None:
+    """At launch: SLURM's verdict (sbatch --test-only) on the evaluation jobs' resources, before training queues."""
+    if not jobs_enabled(cfg) or cfg.launcher.dry_run:
+        return
+    preflight(cfg)
+    test_submission(render_script(cfg, plan.run_dir, int(cfg.trainer.max_steps)))

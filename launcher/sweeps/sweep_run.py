@@ -20,14 +20,15 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
+from contract.errors import EXIT_BAD_INPUT, EXIT_KILLED, EXIT_STOPPED, ConfigError, SweepExit
+from contract.rules.sbatch import executor_parameters
+from contract.rundir import ckpt_layout as layout
+from contract.rundir.metrics_file import read_metrics, training_rows
 from launcher.checks import resume_checks
 from launcher.checks.overrides import override_key, typed_as
-from launcher.errors import EXIT_BAD_INPUT, EXIT_KILLED, EXIT_STOPPED, ConfigError, SweepExit
-from launcher.observe.metrics_file import read_metrics, training_rows
 from launcher.plan.launch_plan import Plan, make_plan
 from launcher.run import rundir, slurm
 from launcher.sweeps.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
-from train import ckpt_layout as layout
 
 if TYPE_CHECKING:
     from launcher.sweeps.sweep import SweepLauncher
@@ -203,7 +204,7 @@ def _print_points(points: list[PointRun], file: Any = None) -> None:
 
 # ---- SLURM: one array per resource shape
 def resources(cfg: DictConfig, plan: Plan) -> dict[str, Any]:
-    params = slurm.executor_parameters(cfg, plan)
+    params = executor_parameters(cfg)
     params.pop("job_name")
     return params
 
@@ -258,7 +259,7 @@ def _submit_array(group: list[PointRun], sweep: Sweep, sweep_dir: Path) -> str:
     cfg, plan = group[0].cfg, group[0].plan
     config_paths = [str(rundir.prepare(p.cfg, p.run_dir, argv=point_command(p), plan=p.plan)) for p in group]
     executor = submitit.SlurmExecutor(folder=sweep_dir / "slurm", max_num_timeout=cfg.cluster.max_requeues)
-    executor.update_parameters(**slurm.executor_parameters(cfg, plan), array_parallelism=cfg.cluster.array_parallelism)
+    executor.update_parameters(**executor_parameters(cfg), array_parallelism=cfg.cluster.array_parallelism)
     executor.update_parameters(job_name=sweep.name)
     try:
         jobs = executor.map_array(train_entry, config_paths)

@@ -1,5 +1,5 @@
 """Worker for the memory-estimate check: the bytes of parameters, gradients and optimizer state each rank really
-holds at a step's peak (train.memory, which `python -m bench memory_estimate` measures with too), beside the
+holds at a step's peak (train.observe.memory, which `python -m bench memory_estimate` measures with too), beside the
 launch plan's estimate of them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from launcher.compose import compose_and_plan
 from tests.dist.workers import _join
 from train import distributed
-from train.memory import estimated_memory, measure_memory
+from train.observe.memory import estimated_memory, measure_memory
 
 
 def measure_states(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list[str]]) -> None:

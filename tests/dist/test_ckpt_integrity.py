@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import EXIT_STOPPED
+from contract.errors import EXIT_STOPPED
 from tests.conftest import hq, launch, read_metrics
-from train import ckpt_manifest
+from train.checkpoints import manifest as ckpt_manifest
 
 pytestmark = pytest.mark.dist
 

@@ -16,11 +16,11 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from launcher.errors import EXIT_STOPPED
+from contract.errors import EXIT_STOPPED
 from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics
 from tests.dist.workers import train_several
-from train import ckpt_layout as layout
+from contract.rundir import ckpt_layout as layout
 
 pytestmark = pytest.mark.dist
 

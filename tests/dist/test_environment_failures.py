@@ -12,7 +12,7 @@ once the cause is gone:
     oom_killed  rank 1 killed by the kernel's OOM killer for real (a memory cgroup it moves into; needs root)
 
 The disk-full cases are injected (SLURMTRAIN_TEST_DISK_FULL: the writer raises OSError(ENOSPC) at that step, see
-train/env_faults.py); the others are the real thing. Each attempt must end with exit code 74 and one `error:` line
+contract/rundir/env_faults.py); the others are the real thing. Each attempt must end with exit code 74 and one `error:` line
 on the launcher's stderr that names the cause, with no traceback there but one in the rank's log; every complete
 checkpoint must stay intact (its manifest verifies, its state loads) and no complete step may be lost; the next
 attempt must resume from the newest complete one, and the last one finishes at trainer.max_steps."""
@@ -30,12 +30,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.observe.events import read_events
+from contract.rundir.events import read_events
 from tests.conftest import hq, launch, launcher_env, read_metrics
-from train import ckpt_layout as layout
-from train import ckpt_manifest as manifest
-from train import env_faults
-from train.environment_errors import EXIT_ENVIRONMENT
+from contract.rundir import ckpt_layout as layout
+from train.checkpoints import manifest as manifest
+from contract.rundir import env_faults
+from contract.rundir.environment import EXIT_ENVIRONMENT
 
 pytestmark = pytest.mark.dist
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from launcher.observe import eval_results
+from contract.rundir import eval_results
 from launcher.run.local import free_port
 from tests.conftest import read_metrics
 from tests.dist.workers import train_several
-from train.init_source import MODEL_DIR
+from contract.rules.init_source import MODEL_DIR
 
 pytestmark = pytest.mark.dist
 

@@ -94,7 +94,7 @@ def test_safetensors_of_a_2_rank_fsdp_checkpoint_loads_with_load_model(trained: 
     from safetensors import safe_open
     from safetensors.torch import load_model
 
-    from train.build import build_model, logits_of
+    from train.model.build import build_model, logits_of
 
     ref = reference(trained, name)
     path = trained / f"{name}.safetensors"

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from launcher.compose import compose_and_plan
 from launcher.run.local import free_port
 from tests.conftest import read_metrics
-from train.build import build_model, logits_of
+from train.model.build import build_model, logits_of
 from train.data import build_source, load_micro_batch
-from train.export import load_model_state
+from train.weights.export import load_model_state
 
 pytestmark = pytest.mark.dist
 

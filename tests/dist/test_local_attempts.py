@@ -17,10 +17,10 @@ from typing import IO, Any
 
 import pytest
 
-from launcher.errors import EXIT_KILLED, EXIT_STOPPED
-from launcher.observe.events import read_events
+from contract.errors import EXIT_KILLED, EXIT_STOPPED
+from contract.rundir.events import read_events
 from tests.conftest import ROOT, hq, launch, launcher_env
-from train import ckpt_layout as layout
+from contract.rundir import ckpt_layout as layout
 
 pytestmark = pytest.mark.dist
 

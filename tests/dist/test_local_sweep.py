@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.errors import EXIT_KILLED
-from launcher.observe.events import read_events
+from contract.errors import EXIT_KILLED
+from contract.rundir.events import read_events
 from launcher.sweeps.sweepdir import load_sweep
 from tests.conftest import hq, launch, launcher_env, read_metrics
 

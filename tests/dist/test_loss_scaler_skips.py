@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.errors import EXIT_DIVERGED
+from contract.errors import EXIT_DIVERGED
 from tests.conftest import hq, launch, read_metrics
 
 pytestmark = pytest.mark.dist

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.errors import EXIT_STOPPED
+from contract.errors import EXIT_STOPPED
 from tests.conftest import hq, launch, read_metrics, traced_samples
 from tests.prepared_data import write_prepared
 

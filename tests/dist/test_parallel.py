@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launcher.errors import EXIT_STOPPED
+from contract.errors import EXIT_STOPPED
 from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics, traced_samples
 from tests.dist.workers import train_several

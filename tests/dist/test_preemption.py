@@ -13,9 +13,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from launcher.errors import EXIT_STOPPED
+from contract.errors import EXIT_STOPPED
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
-from train import ckpt_layout as layout
+from contract.rundir import ckpt_layout as layout
 
 pytestmark = pytest.mark.dist
 
@@ -142,7 +142,7 @@ def test_resume_false_never_silently_discards_checkpoints(run_root: Path) -> Non
 
 
 def test_rng_state_round_trips() -> None:
-    from train.checkpoint import rng_state, set_rng_state
+    from train.checkpoints.state import rng_state, set_rng_state
 
     saved = rng_state()
     a = torch.rand(3)

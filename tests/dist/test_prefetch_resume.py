@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import EXIT_STOPPED
+from contract.errors import EXIT_STOPPED
 from tests.conftest import hq, launch, read_metrics
 
 pytestmark = pytest.mark.dist

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import hq, launch, read_metrics
-from train import ckpt_layout as layout
+from contract.rundir import ckpt_layout as layout
 
 pytestmark = pytest.mark.dist
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import hq, launch, read_metrics
-from train.schedules import Schedule
+from contract.rules.schedules import Schedule
 
 pytestmark = pytest.mark.dist
 

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from launcher import status
 from launcher.run.local import free_port
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
-from train.loop import TRACE_SAMPLES_ENV
+from train.step import TRACE_SAMPLES_ENV
 
 pytestmark = pytest.mark.dist
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from launcher.errors import EXIT_STOPPED
+from contract.errors import EXIT_STOPPED
 from tests.conftest import hq, launch, read_metrics
 
 pytestmark = pytest.mark.dist

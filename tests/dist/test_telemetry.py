@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from launcher.plan.estimate import flops_per_token
 from tests.conftest import hq, launch, read_metrics
-from train.telemetry import TEST_SLOW_RANK_ENV
+from train.observe.telemetry import TEST_SLOW_RANK_ENV
 
 pytestmark = pytest.mark.dist
 

@@ -16,13 +16,13 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from launcher.compose import compose_and_plan
-from launcher.errors import EXIT_STOPPED
+from contract.errors import EXIT_STOPPED
 from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics
 from tests.dist.workers import train_and_dump_full_model
-from train.build import build_model, logits_of
+from train.model.build import build_model, logits_of
 from train.data.synthetic import SyntheticTokens
-from train.evaluation.sets import HELD_OUT_START
+from contract.rules.eval_sets import HELD_OUT_START
 
 pytestmark = pytest.mark.dist
 
@@ -68,7 +68,7 @@ def test_validation_loss_is_the_single_process_loss_and_training_is_unchanged(ru
     final = rows[STEPS]
     state = ref.get("state")
     if state is None:  # a pipeline's stages or a ZeRO engine: the whole model from the final checkpoint
-        from train.export import load_model_state
+        from train.weights.export import load_model_state
 
         state = load_model_state(with_eval / "checkpoints" / f"step_{STEPS}")
     expected = _single_process_loss(state, [o for o in LAYOUTS[layout] if o.startswith("model.")])

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.observe.events import read_events
+from contract.rundir.events import read_events
 from tests.conftest import hq, launch, launcher_env
-from train.ckpt_layout import latest_complete_checkpoint
-from train.watchdog import EXIT_HUNG
+from contract.rundir.ckpt_layout import latest_complete_checkpoint
+from train.faults.watchdog import EXIT_HUNG
 
 pytestmark = pytest.mark.dist
 

@@ -52,7 +52,7 @@ def train_and_dump_full_model(rank: int, world: int, port: int, out_dir: str, ru
     the trained model's logits on fixed tokens (computed by the wrapped model itself)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from train.build import logits_of
+    from train.model.build import logits_of
 
     env = _join(rank, world, port)
     try:
@@ -64,7 +64,7 @@ def train_and_dump_full_model(rank: int, world: int, port: int, out_dir: str, ru
             result = train(cfg, env, torch.device("cpu"), run_dir)
             if int(cfg.parallel.pp) > 1 or cfg.strategy.backend == "deepspeed":
                 # A stage holds part of the model, an engine its own state dict: the final checkpoint has the whole
-                # (train/export.py load_model_state reads it on one process).
+                # (train/weights/export.py load_model_state reads it on one process).
                 if rank == 0:
                     torch.save({"losses": result.losses}, run_dir / "reference.pt")
                 continue

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.observe.metrics_file import read_metrics
+from contract.rundir.metrics_file import read_metrics
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.observe.events import read_events
+from contract.rundir import ckpt_layout as layout
+from contract.rundir.events import read_events
 from launcher.sweeps.sweepdir import load_sweep
 from tests.conftest import hq, launch, launcher_env
 from tests.slurm.helpers import logged_steps, poll, squeue_state, submitted_job_id, wait_terminal
-from train import ckpt_layout as layout
 
 pytestmark = pytest.mark.slurm
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from launcher.observe import eval_results
+from contract.rundir import eval_results
 from tests.conftest import hq, launch, launcher_env, read_metrics
 from tests.slurm.helpers import poll, sacct_state, squeue_state, submitted_job_id, wait_terminal
 from train.evaluation.job import TEST_HOLD_ENV

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.prepare import manifest as mf
+from contract.data import manifest as mf
 from tests.slurm.helpers import sacct_state, wait_terminal
 from tests.unit import test_prepare as unit
 from tests.unit.test_prepare import _add_misfits, _build_corpus, _tree, prepare

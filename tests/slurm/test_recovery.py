@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.observe.events import read_events
+from contract.rundir.events import read_events
 from tests.conftest import hq, launch, launcher_env, read_metrics
 from tests.slurm.helpers import logged_steps, poll, sacct_state, squeue_state, submitted_job_id, wait_terminal
 

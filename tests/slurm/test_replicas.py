@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.observe.events import read_events
+from contract.rundir.events import read_events
 from tests.conftest import hq, launch, read_metrics
 from tests.slurm.helpers import submitted_job_id, wait_terminal
 from tests.slurm.test_recovery import _hostnames, _nodes_per_attempt, _start_when_pending

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.observe import figures
 from launcher.sweeps.sweepdir import Sweep, load_sweep
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
 from tests.slurm.helpers import logged_steps, poll, squeue_state, wait_terminal
@@ -253,8 +254,8 @@ def test_report_draws_four_loss_curves(short_sweep: Submitted) -> None:
     # The figure the report draws: one line per point, its y-data the point's logged losses, labelled by the
     # swept values.
     target, title = report.load(short_sweep.sweep_dir)
-    series = report.metric_series(target.runs, "loss")
-    fig = report.line_figure(series, "loss", title)
+    series = figures.metric_series(target.runs, "loss")
+    fig = figures.line_figure(series, "loss", title)
     lines = fig.axes[0].get_lines()
     assert len(lines) == 4
     for line, p in zip(lines, short_sweep.sweep.points, strict=True):

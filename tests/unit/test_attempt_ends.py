@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.observe.events import LOCAL_ATTEMPTS_FILE, read_events, record_event, start_local_attempt
+from contract.rundir.events import LOCAL_ATTEMPTS_FILE, read_events, record_event, start_local_attempt
 from launcher.run import local, local_ends
-from train import recovery
-from train.preemption import StopOutcome
+from train.faults import recovery
+from train.faults.preemption import StopOutcome
 
 
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job_state: str, sacct_state: str = "") -> Path:
@@ -171,8 +171,8 @@ def test_signals_that_arrive_together_are_one_interrupt(tmp_path: Path, monkeypa
 
 
 def test_the_launcher_records_an_end_no_rank_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.observe.metrics_file import FILE_NAME
-    from train import ckpt_layout
+    from contract.rundir import ckpt_layout
+    from contract.rundir.metrics_file import FILE_NAME
 
     record_event(tmp_path, "stopped", attempt=0, job=None, step=3)
     (tmp_path / FILE_NAME).write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in range(1, 8)))
@@ -194,7 +194,7 @@ def test_the_launcher_records_an_end_no_rank_recorded(tmp_path: Path, monkeypatc
 
 
 def test_killed_is_an_end_that_loses_the_steps_after_the_checkpoint(tmp_path: Path) -> None:
-    from launcher.observe import events
+    from contract.rundir import events
 
     record_event(tmp_path, "killed", attempt=0, job=None, step=7, steps_lost=7, started=0.0, ended=10.0)
     ends = read_events(tmp_path)

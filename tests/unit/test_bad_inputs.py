@@ -205,7 +205,7 @@ CASES = [
          "prepared with different tokenizers (big, vocabulary 300; bytes, vocabulary 257)"),
     Case("mixture-data-group", ("data.sources.a.path=tokens.bin",), "data.sources mixes token data on disk, which "
                                                                     "data=synthetic does not read: add data=tokens"),
-    # -- learning-rate schedules (train/schedules.py, launcher/plan/lr_schedule.py) ------------------------------------
+    # -- learning-rate schedules (contract/rules/schedules.py, launcher/plan/lr_schedule.py) ------------------------------------
     Case("schedule-choice", ("optim.schedule=cosin",), "optim.schedule=cosin is not one of cosine, linear, constant, "
                                                        "wsd, inverse_sqrt: set optim.schedule=cosine"),
     Case("decay-shape-choice", ("optim.schedule=wsd", "optim.decay_shape=sqrt"), "optim.decay_shape=sqrt is not one "

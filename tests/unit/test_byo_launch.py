@@ -30,7 +30,7 @@ def test_a_model_without_blocks_trains_with_ddp_and_fsdp_needs_to_be_told(byo_pr
     told = launch(*args, "strategy=fsdp", "model.block=none", "launcher.dry_run=true", cwd=byo_project)
     assert told.returncode == 0, told.stderr[-2000:]
     # DDP replicates the whole model: it needs no blocks, and is not asked for them (the plan asks the model
-    # through the same train/blocks.py code the ranks run).
+    # through the same train/model/blocks.py code the ranks run).
     ddp = launch(*args, "strategy=ddp", "launcher.dry_run=true", cwd=byo_project)
     assert ddp.returncode == 0, ddp.stderr[-2000:]
 
@@ -70,7 +70,7 @@ def test_a_model_that_cannot_be_built_on_meta_is_planned_from_a_cpu_build(byo_pr
 def test_a_hugging_face_model_from_pretrained_is_planned_with_a_memory_estimate(tmp_path: Path) -> None:
     # The most common fine-tuning setup: a function that calls from_pretrained(local_dir), which transformers
     # refuses on the meta device.
-    from train.hf import causal_lm
+    from train.model.hf import causal_lm
 
     causal_lm(str(ROOT / "tests" / "fixtures" / "tiny_llama")).save_pretrained(str(tmp_path / "llama"))
     out = launch("model._target_=tests.fixtures.user_models.hf_from_pretrained", f"+model.args.path={tmp_path}/llama",

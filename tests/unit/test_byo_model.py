@@ -9,12 +9,12 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from train.blocks import BlockError, find_blocks, prepare_blocks
-from train.build import TargetError, build_model, logits_of, resolve_target
 from train.data import DatasetSource, load_micro_batch
-from train.probe import probe
-from train.probe_build import build_for_probe
-from train.weight_files import tensor_shapes, weight_files
+from train.model.blocks import BlockError, find_blocks, prepare_blocks
+from train.model.build import TargetError, build_model, logits_of, resolve_target
+from train.model.probe import probe
+from train.model.probe_build import build_for_probe
+from train.weights.files import tensor_shapes, weight_files
 
 
 class Layer(nn.Module):
@@ -141,7 +141,7 @@ def test_dataset_order_is_a_seeded_permutation_per_epoch() -> None:
         DatasetSource(iter([1, 2]), seed=0, shuffle=False)
 
 
-# -- the launch probe of a model that loads weights as it is built (train/probe.py, train/probe_build.py) ----------
+# -- the launch probe of a model that loads weights as it is built (train/model/probe.py, train/model/probe_build.py) ----------
 
 
 def _request(target: str, strategy: str = "fsdp", world_size: int = 2, **args: object) -> dict:
@@ -156,7 +156,7 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from safetensors.torch import save_file
 
     from tests.fixtures.user_models import TinyLM
-    from train.hf import causal_lm
+    from train.model.hf import causal_lm
 
     folder = tmp_path_factory.mktemp("pretrained")
     base = TinyLM(64)

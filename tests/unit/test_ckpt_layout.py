@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train import ckpt_layout as layout
+from contract.rundir import ckpt_layout as layout
 
 
 def _make(run_dir: Path, step: int, complete: bool) -> None:

@@ -7,8 +7,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from contract.errors import ConfigError
 from launcher.compose import compose_and_plan, compose_config
-from launcher.errors import ConfigError
 from launcher.plan.launch_plan import make_plan
 from launcher.plan.run_name import derived_run_name
 

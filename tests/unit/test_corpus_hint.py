@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.checks.input_checks import token_file_problem
+from contract.data.source_checks import token_file_problem
 
 WORDS = ["quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "and", "runs", "away", "far"]
 TEXT = "\n".join(" ".join(WORDS[(i * 7 + j * 5) % len(WORDS)] for j in range(i % 9 + 3)) for i in range(400))

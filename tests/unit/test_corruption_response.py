@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.observe.events import is_failure, read_events, unexpected_failures
+from contract.rundir import ckpt_layout as layout
+from contract.rundir.events import is_failure, read_events, unexpected_failures
+from contract.rundir.skipped_samples import SkippedSamples
 from tests.unit.test_attempt_ends import fake_slurm
-from train import ckpt_layout as layout
-from train import recovery
-from train.preemption import StopOutcome, preemption_requeues
+from train.faults import recovery
+from train.faults.preemption import StopOutcome, preemption_requeues
 from train.stability.corruption import respond
 from train.stability.replicas import judge
-from train.stability.skips import SkippedSamples
 
 CFG = OmegaConf.create({"cluster": {"max_failures": 3, "nodes": 2, "partition": None}})
 NAMES = [["w"]] * 5

@@ -1,4 +1,4 @@
-"""The data fingerprint saved with every checkpoint (train/data/fingerprint.py): it changes with what a run would
+"""The data fingerprint saved with every checkpoint (contract/data/fingerprint.py): it changes with what a run would
 read (a file's contents, size or dtype, a prepared dataset's shards, a mixture's sources and weights), and a resume
 on other data is refused, on the ranks as at launch, unless data.allow_changed=true."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.errors import ConfigError
+from contract.data.fingerprint import BLOCK_BYTES, data_fingerprint, describe_change, refuse_changed_data
+from contract.errors import ConfigError
 from tests.prepared_data import random_shards, write_prepared
-from train.data.fingerprint import BLOCK_BYTES, data_fingerprint, describe_change, refuse_changed_data
 
 
 def _cfg(**data: object) -> object:

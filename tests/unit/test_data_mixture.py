@@ -1,6 +1,6 @@
-"""A mixture of sources (train/data/mixture.py): the share of each source over ANY 10,000 consecutive samples is
+"""A mixture of sources (contract/data/mixture.py): the share of each source over ANY 10,000 consecutive samples is
 within 0.01 of its weight, which source and window a sample reads is a pure function of its index, each source is
-read in epochs of its own, and bad mixtures are refused in one line (train/data/spec.py)."""
+read in epochs of its own, and bad mixtures are refused in one line (contract/data/spec.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.errors import ConfigError
+from contract.data.mixture import BLOCK, MixtureSchedule, apportion, samples_per_source
+from contract.data.spec import token_sources
+from contract.errors import ConfigError
 from tests.prepared_data import random_shards, write_prepared
 from train.data import build_source, data_progress
-from train.data.mixture import BLOCK, MixtureSchedule, apportion, samples_per_source
-from train.data.spec import token_sources
-from train.metrics import wandb_values
+from train.observe.metrics import wandb_values
 
 WEIGHT_SETS = [[0.7, 0.3], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.25, 0.125, 0.0625, 0.0625], [0.999, 0.001],
                [0.01, 0.02, 0.97], [0.2, 0.0, 0.8]]

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from contract.errors import ConfigError
 from launcher.compose import compose_and_plan
-from launcher.errors import ConfigError
 from train.strategies.deepspeed import deepspeed_config, import_deepspeed
 
 

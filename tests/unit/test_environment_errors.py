@@ -1,4 +1,4 @@
-"""train/environment_errors.py: failures from outside the code are told apart by type and errno (through causes,
+"""contract/rundir/environment.py: failures from outside the code are told apart by type and errno (through causes,
 contexts and a checkpoint collective's per-rank failures) and told in one line that says what, where and what to
 do; anything else is left alone. events.jsonl appends survive a line cut short by a full disk."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.observe.events import EVENTS_FILE, read_events, record_environment_end, record_event
-from train import ckpt_layout as layout
-from train import environment_errors as environment
+from contract.rundir import ckpt_layout as layout
+from contract.rundir import environment as environment
+from contract.rundir.events import EVENTS_FILE, read_events, record_environment_end, record_event
 
 
 def _oserror(code: int, path: Path | None = None) -> OSError:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from launcher.compose import compose_config
+from launcher.plan.cross_checks import count_parameters
 from launcher.plan.estimate import (
     FP32,
     ModelShape,
@@ -17,7 +18,6 @@ from launcher.plan.estimate import (
     estimate_memory,
     head_activation_bytes,
 )
-from launcher.plan.launch_plan import count_parameters
 from tests.conftest import hq, launch
 
 SEVEN_B = ["model=llama3_8b", "model.vocab_size=32000", "model.n_kv_heads=null", "model.ffn_hidden=11008",
@@ -44,9 +44,9 @@ def test_mixed_precision_adam_bytes_per_parameter_match_the_zero_paper(world: in
 
 def _saved_activation_bytes(overrides: list[str]) -> tuple[int, float]:
     """Bytes autograd saves for backward in one forward (parameters excluded), and the estimate."""
-    from train.blocks import prepare_blocks
-    from train.memory import saved_tensor_bytes
-    from train.model import build_model
+    from train.model.blocks import prepare_blocks
+    from train.model.transformer import build_model
+    from train.observe.memory import saved_tensor_bytes
 
     cfg = compose_config(overrides)
     torch.manual_seed(0)
@@ -122,8 +122,8 @@ def test_8b_locally_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
 
 
 def test_lr_scaling_needs_a_reference_batch() -> None:
+    from contract.errors import ConfigError
     from launcher.compose import compose_and_plan
-    from launcher.errors import ConfigError
 
     with pytest.raises(ConfigError, match="optim.reference_batch_size"):
         compose_and_plan(["optim.lr_scaling=linear"])

@@ -1,12 +1,12 @@
-"""The eval section's shape and launch refusals (train/evaluation/sets.py), and that it is not part of the run name."""
+"""The eval section's shape and launch refusals (contract/rules/eval_sets.py), and that it is not part of the run name."""
 
 from __future__ import annotations
 
 import pytest
 
+from contract.errors import ConfigError
+from contract.rules.eval_sets import resolved_sets
 from launcher.compose import compose_and_plan
-from launcher.errors import ConfigError
-from train.evaluation.sets import resolved_sets
 
 
 def test_eval_is_off_by_default_and_not_part_of_the_run_name() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 from train.evaluation.validator import build_set_source
 
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from contract.config.schema import EvalConfig
+from contract.errors import ConfigError
+from contract.rules.eval_jobs import evaluated_step, tasks_per_node
+from contract.rundir import eval_results
 from launcher.checks.key_checks import suggest
 from launcher.compose import compose_and_plan
-from launcher.errors import ConfigError
-from launcher.observe import eval_results
 from launcher.plan.world import tasks_per_node as cluster_tasks_per_node
-from launcher.run.eval_jobs import evaluated_step, tasks_per_node
-from launcher.run.eval_submit import clean_environment, render_script
-from launcher.schema import EvalConfig
 from tests.conftest import launch
+from train.evaluation.submit import clean_environment, render_script
 
 CLUSTER = ["+cluster=local_slurm", "run.root=/tmp/x", "eval.async_jobs=true"]
 
@@ -122,8 +122,8 @@ def test_results_read_in_step_order_and_the_status_line_names_the_newest(tmp_pat
 
 
 def test_retention_keeps_a_checkpoint_until_its_evaluation_is_done(tmp_path: Path) -> None:
-    from train import ckpt_layout as layout
-    from train.checkpoint import doomed_checkpoints
+    from contract.rundir import ckpt_layout as layout
+    from train.checkpoints.retention import doomed_checkpoints
 
     for step in (2, 4, 6):
         path = layout.step_dir(tmp_path, step)

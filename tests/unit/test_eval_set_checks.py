@@ -1,4 +1,4 @@
-"""Launch checks of named validation sets (eval.sets.NAME.*, train/evaluation/sets.py check_eval): the same token
+"""Launch checks of named validation sets (eval.sets.NAME.*, contract/rules/eval_sets.py check_eval): the same token
 checks as data.path, seeds by type and range, keys a kind does not read, and wording that names the fix."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.errors import ConfigError
 from launcher.compose import compose_and_plan
-from launcher.errors import ConfigError
 from tests.prepared_data import random_shards, write_prepared
 
 BASE = ["run.root=/tmp/x", "eval.every=5"]

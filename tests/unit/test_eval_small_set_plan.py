@@ -1,5 +1,5 @@
 """The launch plan warns about a validation set smaller than one pass (eval.batches x the global batch), in the
-words the ranks use at the first pass (train/evaluation/sets.py repeat_warning): a warning, never a refusal."""
+words the ranks use at the first pass (contract/rules/eval_sets.py repeat_warning): a warning, never a refusal."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.rules.hf_config import HF_TARGET
 from launcher import export
-from launcher.plan.hf_config import HF_TARGET
 
 NOBODY = 65534
 FIX = "pass --out PATH in a directory you can write"

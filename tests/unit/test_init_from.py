@@ -1,5 +1,5 @@
-"""model.init_from at launch: where the path points (train/init_source.py), whether the weights fit the model
-(train/init_weights.py), the plan's weights line (launcher/plan/init_from.py), and a mismatch refused as a user sees it:
+"""model.init_from at launch: where the path points (contract/rules/init_source.py), whether the weights fit the model
+(train/weights/init_weights.py), the plan's weights line (launcher/plan/init_from.py), and a mismatch refused as a user sees it:
 one `error:` line, exit 2, nothing created."""
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import pytest
 import torch
 from safetensors.torch import save_file, save_model
 
+from contract.errors import EXIT_BAD_INPUT, ConfigError
+from contract.rules.init_source import resolve, saved_weights
+from contract.rundir import ckpt_layout as layout
 from launcher.compose import compose_config
-from launcher.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.plan.init_from import weights_lines
 from tests.conftest import hq, launch
-from train import ckpt_layout as layout
-from train.build import build_model
-from train.init_source import resolve, saved_weights
-from train.init_weights import check, first_problem, load_into
+from train.model.build import build_model
+from train.weights.fit import first_problem
+from train.weights.init_weights import check, load_into
 
 SMALL = ["model.d_model=32", "model.n_layers=1", "model.ffn_hidden=64", "data.seq_len=16"]
 
@@ -199,7 +200,7 @@ HF_SAVED = {
 
 
 def _saved_names(folder: Path) -> dict[str, tuple[int, ...]]:
-    from train.weight_files import tensor_shapes
+    from train.weights.files import tensor_shapes
 
     return tensor_shapes([p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")])
 
@@ -231,7 +232,7 @@ def hf_saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _hf_cfg(config_path: Path, init_from: Path | None = None) -> Any:
     """The config as the plan holds it when it compares (the vocabulary read from config.json)."""
-    from launcher.plan.hf_config import apply_hf_config
+    from contract.rules.hf_config import apply_hf_config
 
     cfg = compose_config(["model=hf_causal_lm", f"model.config_path={hq(config_path)}",
                           f"model.init_from={hq(init_from or config_path)}", "data.seq_len=16"])
@@ -246,7 +247,7 @@ HF_CASES = [*HF_SAVED, "mixtral_sharded", "gpt_neox_bin"]
 def test_hugging_face_weights_load_as_from_pretrained_loads_them(hf_saved: dict[str, Path], case: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from train.hf import causal_lm
+    from train.model.hf import causal_lm
 
     folder = hf_saved[case]
     saved = _saved_names(folder)
@@ -269,10 +270,10 @@ def test_hugging_face_weights_load_as_from_pretrained_loads_them(hf_saved: dict[
 
 @pytest.mark.parametrize("case", HF_CASES)
 def test_the_launch_check_accepts_them(hf_saved: dict[str, Path], case: str) -> None:
-    """The launch probe's answer (train/probe.py, what `python -m launcher.worker --probe` runs): the model on the
+    """The launch probe's answer (train/model/probe.py, what `python -m launcher.worker --probe` runs): the model on the
     meta device against the files' headers, under the names the ranks load."""
     from launcher.plan.probe import probe_request
-    from train.probe import probe
+    from train.model.probe import probe
 
     answer = probe(probe_request(_hf_cfg(hf_saved[case]), 1))
     assert answer.get("init_from_tensors") == len(_saved_names(hf_saved[case])), answer
@@ -292,7 +293,7 @@ def test_converted_weights_that_do_not_fit_name_the_models_parameter(hf_saved: d
     config = json.loads((hf_saved["mixtral"] / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
     from launcher.plan.probe import probe_request
-    from train.probe import probe
+    from train.model.probe import probe
 
     folder = hf_saved["mixtral"]
     answer = probe(probe_request(_hf_cfg(tmp_path, folder), 1))
@@ -309,7 +310,7 @@ def test_saved_tensors_transformers_cannot_convert_are_one_line(hf_saved: dict[s
     from safetensors.torch import load_file
 
     from launcher.plan.probe import probe_request
-    from train.probe import probe
+    from train.model.probe import probe
 
     (tmp_path / "config.json").write_text((hf_saved["mixtral"] / "config.json").read_text())
     tensors = load_file(str(hf_saved["mixtral"] / "model.safetensors"))

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from contract.config.suggest import close_key
+from contract.errors import ConfigError
 from launcher.checks.group_names import settle_names
-from launcher.checks.key_checks import close_key
 from launcher.checks.overrides import typed_as, typed_for
 from launcher.checks.resume_checks import changed_settings, check_run_dir
 from launcher.compose import compose_and_plan, compose_config
-from launcher.errors import ConfigError
 from launcher.run.dispatch import dispatch
 from launcher.run.rundir import config_yaml
 

@@ -1,5 +1,6 @@
-"""Every module of the login side (launcher/ and its stage packages) imports without torch, deepspeed or wandb,
-and no two of them import each other at import time (an import circle)."""
+"""Every module of the login side (launcher/ and the contract it shares with train/) imports without torch,
+deepspeed or wandb, and no two modules of launcher/, contract/ or train/ import each other at import time (an
+import circle). import-linter (`make lint`) checks the layers between the packages."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "deepspeed", "wandb")
 
 
-def launcher_modules() -> dict[str, Path]:
-    """Every module under launcher/, found on disk (a package added later is walked too)."""
+def launcher_modules(packages: tuple[str, ...] = ("launcher", "contract")) -> dict[str, Path]:
+    """Every module under the packages, found on disk (a package added later is walked too)."""
     found = {}
-    for path in sorted((ROOT / "launcher").rglob("*.py")):
+    for path in sorted(p for package in packages for p in (ROOT / package).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
@@ -24,7 +25,7 @@ def launcher_modules() -> dict[str, Path]:
 def test_every_launcher_module_imports_without_torch_deepspeed_or_wandb() -> None:
     modules = launcher_modules()
     assert {"launcher.checks.key_checks", "launcher.plan.launch_plan", "launcher.run.slurm",
-            "launcher.sweeps.sweep", "launcher.observe.events", "launcher.prepare.run"} <= set(modules)
+            "launcher.sweeps.sweep", "contract.rundir.events", "contract.config.schema", "launcher.prepare.run"} <= set(modules)
     code = ("import importlib, sys\n"
             f"for name in {sorted(modules)!r}:\n"
             "    importlib.import_module(name)\n"
@@ -43,11 +44,11 @@ def _imported_at_import_time(path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
                       for alias in node.names}
-    return {name for name in names if name in modules and name != "launcher"}
+    return {name for name in names if name in modules and name not in ("launcher", "train", "contract")}
 
 
-def test_no_import_circles_in_the_launcher() -> None:
-    modules = launcher_modules()
+def test_no_import_circles_in_launcher_contract_or_train() -> None:
+    modules = launcher_modules(("launcher", "contract", "train"))
     graph = {name: _imported_at_import_time(path, modules) for name, path in modules.items()}
     done: set[str] = set()
 

@@ -79,7 +79,7 @@ def test_the_plan_names_the_schedule_and_leaves_the_resume_out_when_nothing_resu
 
 
 def test_the_cosine_plan_names_the_rate_the_last_step_trains_at_not_the_floor_it_reaches_after(tmp_path: Path) -> None:
-    from train.schedules import cosine_factor
+    from contract.rules.schedules import cosine_factor
 
     line = _lines(tmp_path, "trainer.max_steps=100")[0]
     last = 0.003 * cosine_factor(99, 5, 100, 0.1)  # the rate step 100 trains at (metrics.jsonl's lr)

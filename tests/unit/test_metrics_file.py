@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from launcher.observe import metrics_file, run_rows
+from contract.rundir import metrics_file
+from launcher.observe import run_rows
 from launcher.sweeps import sweep_run
 from tests import conftest
 from tests.slurm import helpers
 from train.distributed import DistEnv
-from train.metrics import MetricsLogger
+from train.observe.metrics import MetricsLogger
 
 NAN, INF = math.nan, math.inf
 

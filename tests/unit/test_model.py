@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from launcher.compose import compose_config
-from launcher.plan.launch_plan import count_parameters
-from train.model import build_model
+from launcher.plan.cross_checks import count_parameters
+from train.model.transformer import build_model
 
 MODELS = ["tiny", "gpt2_124m", "gpt2_350m", "llama3_1b", "llama3_8b", "llama3_70b"]
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import ConfigError
 from launcher.compose import compose_and_plan
-from launcher.errors import ConfigError
 from launcher.plan.parallel import Degrees, bubble, coordinates, placement
 from tests.conftest import hq, launch
 

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from tests.conftest import hq, launch
 from train.distributed import DistEnv
 from train.entry import check_launch
-from train.preemption import STOP, RequeueLimitReached, StopOutcome, after_stop, slurm_job_id
+from train.faults.preemption import STOP, RequeueLimitReached, StopOutcome, after_stop, slurm_job_id
 
 
 def _env(launcher: str) -> DistEnv:
@@ -28,7 +28,7 @@ def test_requeue_limit_ends_the_job_with_a_clear_message(monkeypatch: pytest.Mon
 
 def test_requeues_after_crashes_and_hangs_do_not_count_against_the_preemption_limit(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from launcher.observe.events import record_event
+    from contract.rundir.events import record_event
 
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
@@ -71,9 +71,9 @@ def test_sigterm_saves_but_does_not_requeue(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_an_attempt_stopped_by_sigterm_is_recorded_as_stopped(monkeypatch: pytest.MonkeyPatch,
                                                                tmp_path: Path) -> None:
-    from launcher.observe.events import read_events
-    from train import recovery
-    from train.recovery import end_of_attempt
+    from contract.rundir.events import read_events
+    from train.faults import recovery
+    from train.faults.recovery import end_of_attempt
 
     monkeypatch.setattr(recovery, "cancelled", lambda job: False)  # SLURM's word on a cancel: test_attempt_ends.py
     monkeypatch.setenv("SLURM_JOB_ID", "42")
@@ -106,7 +106,7 @@ def test_torchrun_launch_config_is_refused(run_root: Path) -> None:
 
 
 def test_a_long_error_keeps_its_head_and_its_cause() -> None:
-    from train.recovery import error_summary
+    from train.faults.recovery import error_summary
 
     err = RuntimeError("Traceback (most recent call last): (RANK 0)\n" + "  frame\n" * 200 + "OSError: disk full")
     summary = error_summary(err)

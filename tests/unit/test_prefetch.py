@@ -17,7 +17,7 @@ from train.data import (
     planned_micro_batches,
     split_sample,
 )
-from train.prefetch import BatchPrefetcher
+from train.data.prefetch import BatchPrefetcher
 
 
 def per_sample_loop(src: SyntheticTokens, index: int) -> np.ndarray:

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.errors import ConfigError
-from launcher.prepare import manifest as mf
+from contract.data import manifest as mf
+from contract.errors import ConfigError
 from tests.prepared_data import write_prepared
 
-# ---------------------------------------------------------------- the format (launcher/prepare/manifest.py)
+# ---------------------------------------------------------------- the format (contract/data/manifest.py)
 
 
 def test_manifest_round_trip(tmp_path: Path) -> None:
@@ -544,7 +544,7 @@ def test_a_different_preparation_in_out_is_refused_unless_overwrite(tmp_path: Pa
 
 
 def test_worker_processes_only_where_they_pay_off() -> None:
-    from launcher.prepare.run import AUTO_MB_PER_WORKER, cpu_count, worker_count
+    from launcher.prepare.pool import AUTO_MB_PER_WORKER, cpu_count, worker_count
 
     mb = int(AUTO_MB_PER_WORKER * 2**20)
     assert worker_count(None, 5 * 2**20, 16) == 1  # a small corpus: the tokenizer's threads in one process

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.data import manifest as mf
 from launcher import status
-from launcher.prepare import manifest as mf
 from tests.unit.test_prepare import _build_corpus, prepare
 from tests.unit.test_status import FakeSlurm, sacct_line
 

@@ -1,4 +1,4 @@
-"""Training reads prepared datasets (train/data/spec.py, windows.py, prepared.py): data.path at a prepared
+"""Training reads prepared datasets (contract/data/spec.py, windows.py, prepared.py): data.path at a prepared
 directory reads its train split's shards as one stream (windows across shard boundaries equal the concatenated
 stream), with the manifest's dtype; a glob of token files reads the same way; the validation split is a source of
 its own."""
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.errors import ConfigError
+from contract.data.spec import token_sources
+from contract.errors import ConfigError
 from tests.prepared_data import random_shards, write_prepared
 from train.data import TokenStream, build_source
 from train.data.prepared import validation_sources
-from train.data.spec import token_sources
+from train.data.windows import stream_of
 
 SEQ = 16
 
@@ -54,7 +55,7 @@ def test_the_manifest_sets_the_dtype_and_a_glob_reads_files_in_order(tmp_path: P
         ids.astype(np.uint32).tofile(tmp_path / "flat" / f"part-{2 - i}.bin")  # sorted order: reversed
     (spec,) = token_sources(_cfg(path=str(tmp_path / "flat" / "part-*.bin"), dtype="uint32"))
     assert spec.kind == "glob" and [f.name for f in spec.files] == ["part-0.bin", "part-1.bin", "part-2.bin"]
-    assert np.array_equal(spec.stream().read(0, 150), np.concatenate(shards[::-1]))
+    assert np.array_equal(stream_of(spec).read(0, 150), np.concatenate(shards[::-1]))
 
 
 def test_the_validation_split_is_a_source_in_order(tmp_path: Path) -> None:

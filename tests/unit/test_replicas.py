@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.observe.events import corruption_notes
-from train import ckpt_layout as layout
+from contract.rundir import ckpt_layout as layout
+from contract.rundir.events import corruption_notes
 from train.stability import fingerprint as fp
 from train.stability.replicas import judge
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from contract.rundir import metrics_file
 from launcher import report
-from launcher.observe import metrics_file
+from launcher.observe import figures
 from launcher.sweeps.sweepdir import Point, Sweep, save_sweep
 from tests.unit.test_status import DAMAGE, damage_run, write_run
 
@@ -48,7 +49,7 @@ def make_sweep(root: Path, grid: list[dict[str, str]], max_steps: int = 30,
 
 
 def legend_texts(fig: Any) -> list[str]:
-    """The entries of the figure's legend (drawn above the panels, report.legend_above)."""
+    """The entries of the figure's legend (drawn above the panels, figures.legend_above)."""
     [legend] = fig.legends
     return [t.get_text() for t in legend.get_texts()]
 
@@ -66,7 +67,7 @@ LRS = ["1e-4", "3e-4", "1e-3", "3e-3"]
 def test_loss_figure_has_one_line_per_point(root: Path) -> None:
     sweep_dir, metrics = make_sweep(root, [{"optim.lr": lr} for lr in LRS])
     target, title = report.load(sweep_dir)
-    fig = report.line_figure(report.metric_series(target.runs, "loss"), "loss", title)
+    fig = figures.line_figure(figures.metric_series(target.runs, "loss"), "loss", title)
     [ax] = fig.axes
     lines = ax.get_lines()
     assert len(lines) == len(LRS)
@@ -80,7 +81,7 @@ def test_final_loss_uses_finished_points_on_a_log_axis(root: Path) -> None:
     sweep_dir, metrics = make_sweep(root, [{"optim.lr": lr} for lr in LRS], unfinished=(1,), no_metrics=(2,))
     target, title = report.load(sweep_dir)
     assert target.sweep is not None
-    fig = report.final_loss_figure(report.final_losses(target.sweep, target.runs, "optim.lr"), "optim.lr", title)
+    fig = figures.final_loss_figure(figures.final_losses(target.sweep, target.runs, "optim.lr"), "optim.lr", title)
     [ax] = fig.axes
     [line] = ax.get_lines()
     finished = sorted((float(LRS[i]), metrics[i][-1]["loss"]) for i in (0, 3))
@@ -94,14 +95,14 @@ def test_final_loss_axis_is_linear_within_10x_and_categorical_for_strings(root: 
                                            for s in ("ddp", "fsdp") for b in ("4", "8", "16")])
     target, title = report.load(sweep_dir)
     assert target.sweep is not None
-    batch = report.final_loss_figure(report.final_losses(target.sweep, target.runs, "trainer.micro_batch_size"),
+    batch = figures.final_loss_figure(figures.final_losses(target.sweep, target.runs, "trainer.micro_batch_size"),
                                      "trainer.micro_batch_size", title)
     [ax] = batch.axes
     assert ax.get_xscale() == "linear"
     # The other swept key tells the lines apart.
     assert legend_texts(batch) == ["strategy=ddp", "strategy=fsdp"]
     assert [list(line.get_xdata()) for line in ax.get_lines()] == [[4.0, 8.0, 16.0]] * 2
-    strategy = report.final_loss_figure(report.final_losses(target.sweep, target.runs, "strategy"), "strategy", title)
+    strategy = figures.final_loss_figure(figures.final_losses(target.sweep, target.runs, "strategy"), "strategy", title)
     [ax] = strategy.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["ddp", "fsdp"]
     ddp_4 = ax.get_lines()[0]
@@ -134,9 +135,9 @@ def test_a_diverged_run_is_marked_where_its_loss_stopped_being_finite(root: Path
     # 10 logged steps; the loss is non-finite from step 20 on: one finite point, nine that must not vanish.
     rows = write_run(root / "dead", name="dead", max_steps=100, losses=[8.3177] + [value] * 9)
     target, title = report.load(root / "dead")
-    single = report.line_figure(report.metric_series(target.runs, "loss"), "loss", title).axes[0]
+    single = figures.line_figure(figures.metric_series(target.runs, "loss"), "loss", title).axes[0]
     assert [s for s, _ in top_edge_marks(single)] == list(range(20, 101, 10))
-    training = report.training_figure(target.runs, title)
+    training = figures.training_figure(target.runs, title)
     loss_ax = training.axes[0]
     [line] = loss_ax.get_lines()
     assert list(line.get_xdata()) == [r["step"] for r in rows]
@@ -151,14 +152,14 @@ def test_a_diverged_run_is_marked_where_its_loss_stopped_being_finite(root: Path
     assert f"loss {text} from step 20" in [t.get_text() for t in loss_ax.texts]
     # A finite run has neither marks nor notes.
     write_run(root / "fine", name="fine", max_steps=20, losses=[3.0, 2.0])
-    fine = report.training_figure(report.load(root / "fine")[0].runs, "fine").axes[0]
+    fine = figures.training_figure(report.load(root / "fine")[0].runs, "fine").axes[0]
     assert top_edge_marks(fine) == [] and list(fine.texts) == []
 
 
 def test_a_run_that_diverged_from_its_first_step_still_has_its_steps_on_the_axis(root: Path) -> None:
     write_run(root / "dead", name="dead", max_steps=30, losses=[math.nan] * 3)
     target, title = report.load(root / "dead")
-    loss_ax = report.line_figure(report.metric_series(target.runs, "loss"), "loss", title).axes[0]
+    loss_ax = figures.line_figure(figures.metric_series(target.runs, "loss"), "loss", title).axes[0]
     assert [s for s, _ in top_edge_marks(loss_ax)] == [10.0, 20.0, 30.0]
     low, high = loss_ax.get_xlim()
     assert low <= 10 and high >= 30
@@ -167,7 +168,7 @@ def test_a_run_that_diverged_from_its_first_step_still_has_its_steps_on_the_axis
 def test_learning_rate_and_gradient_norm_panels_beside_the_loss(root: Path) -> None:
     sweep_dir, metrics = make_sweep(root, [{"optim.lr": lr} for lr in LRS], diverged={3: math.nan})
     target, title = report.load(sweep_dir)
-    fig = report.training_figure(target.runs, title)
+    fig = figures.training_figure(target.runs, title)
     assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "learning rate", "gradient norm"]
     for ax, key in zip(fig.axes, ("loss", "lr", "grad_norm"), strict=True):
         lines = ax.get_lines()
@@ -185,7 +186,7 @@ def test_learning_rates_within_10x_stay_on_a_linear_axis(root: Path) -> None:
     sweep_dir, _ = make_sweep(root, [{"optim.lr": lr} for lr in ("1e-3", "3e-3")])
     target, title = report.load(sweep_dir)
     # Within one run the rate falls 10x (warm-up and decay); only the runs' peaks are compared.
-    assert report.training_figure(target.runs, title).axes[1].get_yscale() == "linear"
+    assert figures.training_figure(target.runs, title).axes[1].get_yscale() == "linear"
 
 
 def test_a_run_root_is_one_figure_overlaying_its_runs(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -195,7 +196,7 @@ def test_a_run_root_is_one_figure_overlaying_its_runs(root: Path, capsys: pytest
     assert capsys.readouterr().out.splitlines() == [str(root / "loss.png"), str(root / "tokens_per_s.png")]
     target, title = report.load(root)
     assert title == root.name
-    loss_ax = report.training_figure(target.runs, title).axes[0]
+    loss_ax = figures.training_figure(target.runs, title).axes[0]
     assert [line.get_label() for line in loss_ax.get_lines()] == ["point 0", "point 1", "point 3", "solo"]
 
 
@@ -203,7 +204,7 @@ def test_a_diverged_sweep_point_is_on_the_final_loss_plot(root: Path) -> None:
     sweep_dir, metrics = make_sweep(root, [{"optim.lr": lr} for lr in LRS], diverged={3: math.inf})
     target, title = report.load(sweep_dir)
     assert target.sweep is not None
-    ax = report.final_loss_figure(report.final_losses(target.sweep, target.runs, "optim.lr"), "optim.lr",
+    ax = figures.final_loss_figure(figures.final_losses(target.sweep, target.runs, "optim.lr"), "optim.lr",
                                   title).axes[0]
     [line] = ax.get_lines()
     assert list(line.get_xdata()) == [float(lr) for lr in LRS[:3]]
@@ -218,7 +219,7 @@ def test_metrics_written_by_the_training_side_are_plotted(root: Path) -> None:
     rows = [{"step": 10, "loss": 4.0, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1.0, "tokens": 1},
             {"step": 20, "loss": math.nan, "lr": 1e-3, "grad_norm": math.inf, "tokens_per_s": 1.0, "tokens": 2}]
     (run / "metrics.jsonl").write_text("".join(metrics_file.encode_row(r) + "\n" for r in rows))
-    fig = report.training_figure(report.load(run)[0].runs, "r")
+    fig = figures.training_figure(report.load(run)[0].runs, "r")
     assert [s for s, _ in top_edge_marks(fig.axes[0])] == [20.0]
     assert [s for s, _ in top_edge_marks(fig.axes[2])] == [20.0]
 
@@ -233,8 +234,8 @@ def test_main_writes_pngs_into_each_dir(root: Path, capsys: pytest.CaptureFixtur
                 single / "loss.png", single / "tokens_per_s.png"]
     assert printed == [str(p) for p in expected]
     for path in expected:
-        width, height = report.TRAINING_FIGSIZE_IN if path.name == "loss.png" else report.FIGSIZE_IN
-        assert png_size(path) == (width * report.DPI, height * report.DPI)
+        width, height = figures.TRAINING_FIGSIZE_IN if path.name == "loss.png" else figures.FIGSIZE_IN
+        assert png_size(path) == (width * figures.DPI, height * figures.DPI)
 
 
 @pytest.mark.parametrize("case", ["no runs", "no metrics", "missing"])
@@ -263,7 +264,7 @@ def test_a_run_root_with_a_damaged_run_still_plots_every_run(root: Path, capsys:
     [warning] = out.err.splitlines()
     assert warning.startswith(f"warning: {root / 'd_noise/config.yaml'} is damaged (") and warning.endswith(restore)
     target, title = report.load(root)
-    loss_ax = report.training_figure(target.runs, title).axes[0]
+    loss_ax = figures.training_figure(target.runs, title).axes[0]
     assert [line.get_label() for line in loss_ax.get_lines()] == ["d_noise (damaged config)", "good"]
     assert report.main([str(root / "d_noise")]) == 2
     err = capsys.readouterr().err
@@ -280,12 +281,12 @@ def test_overlay_draws_the_chosen_runs_together_into_out(root: Path, capsys: pyt
     dirs = [root / "a" / "d", root / "b" / "d", sweep_dir, root / "a" / "d"]  # the same run twice: drawn once
     assert report.main([*map(str, dirs), "--overlay", str(out)]) == 0
     assert capsys.readouterr().out.splitlines() == [str(out / "loss.png"), str(out / "tokens_per_s.png")]
-    assert png_size(out / "loss.png") == (report.TRAINING_FIGSIZE_IN[0] * report.DPI,
-                                          report.TRAINING_FIGSIZE_IN[1] * report.DPI)
+    assert png_size(out / "loss.png") == (figures.TRAINING_FIGSIZE_IN[0] * figures.DPI,
+                                          figures.TRAINING_FIGSIZE_IN[1] * figures.DPI)
     assert not any(p.name.endswith(".png") for d in dirs for p in d.iterdir())  # each DIR left as it was
     target, title = report.overlay(dirs)
     assert title == "d vs my sweep"
-    fig = report.training_figure(target.runs, title)
+    fig = figures.training_figure(target.runs, title)
     lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     # Runs of the same name are told apart by their directory.
     expected = {"d (a/d)": first, "d (b/d)": second, "optim.lr=1e-4": sweep_rows[0], "optim.lr=3e-4": sweep_rows[1]}

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import EXIT_BAD_INPUT, ConfigError
+from contract.rundir import ckpt_layout as layout
 from launcher.compose import compose_config
-from launcher.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.plan.init_from import refuse_inside_overwritten
 from launcher.run.rundir import prepare
 from launcher.run.rundir_paths import check_writable
 from tests.conftest import ROOT, hq, launcher_env
 from tests.forked_cli import run_module
-from train import ckpt_layout as layout
 
 SMALL = ["model.d_model=32", "model.n_layers=1", "model.ffn_hidden=64", "data.seq_len=16", "trainer.max_steps=10"]
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from contract.rules.schedules import DECAY_SHAPES, SCHEDULES, Schedule
 from train.optim import build_scheduler
-from train.schedules import DECAY_SHAPES, SCHEDULES, Schedule
 
 T, W, M = 100, 10, 0.1
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from launcher.errors import ConfigError
-from launcher.observe.events import goodput, skipped_steps
+from contract.errors import ConfigError
+from contract.rules.stability_checks import check_stability
+from contract.rundir.events import goodput, skipped_steps
+from contract.rundir.skipped_samples import SkippedSamples
 from train.optim import build_optimizer
-from train.stability.checks import check_stability
 from train.stability.monitor import NOTHING, ROLLBACK, STOP, Monitor
-from train.stability.skips import SkippedSamples
 from train.stability.verdict import NONFINITE, SPIKE, SpikeRule, StepVerdict, apply_with_skip
 from train.stability.z_loss import ZLoss
 
@@ -151,7 +151,7 @@ def test_what_a_strategy_cannot_honour_is_refused_in_one_line(over: dict[str, ob
 
 
 def test_status_names_every_rollback_with_its_skipped_samples_and_counts_the_steps_not_applied() -> None:
-    from launcher.observe.events import stability_notes
+    from contract.rundir.events import stability_notes
 
     events = [{"kind": "skipped_step", "step": 7, "reason": "nonfinite"},
               {"kind": "rollback", "step": 7, "to_step": 6, "reason": "non-finite gradient norm or loss at step 7",

@@ -17,14 +17,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from contract.rules.blowup import LossHistory, far_above, lr_cut, reference
+from contract.rundir import ckpt_layout as layout
 from launcher import status
 from launcher.observe.run_rows import loss_blown_since
 from tests.unit.test_stability_state import _through_a_file
 from tests.unit.test_status import write_run
-from train import ckpt_layout as layout
 from train.distributed import DistEnv
 from train.stability.advice import diagnose
-from train.stability.blowup import LossHistory, far_above, lr_cut, reference
 from train.stability.monitor import ROLLBACK, STOP
 from train.stability.runner import Stability
 

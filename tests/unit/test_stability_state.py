@@ -27,7 +27,7 @@ LOSSES[12] = 40.0
 
 
 def _through_a_file(state: Any) -> Any:
-    """As trainer_state.pt carries it: torch.save, then torch.load as train/checkpoint.py does."""
+    """As trainer_state.pt carries it: torch.save, then torch.load as train/checkpoints/manager.py does."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
@@ -173,7 +173,7 @@ def test_fp16_rows_carry_the_scaler_skips(tmp_path: Path) -> None:
 
 
 def test_status_counts_the_loss_scalers_skips_apart_from_the_nonfinite_steps() -> None:
-    from launcher.observe.events import stability_notes
+    from contract.rundir.events import stability_notes
 
     events = [{"kind": "skipped_step", "step": s, "reason": "loss_scale"} for s in (1, 2, 3)]
     events += [{"kind": "skipped_step", "step": 30, "reason": "nonfinite"}, {"kind": "finished", "step": 40}]

@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
+from contract.rundir import ckpt_layout, events
+from contract.rundir.events import record_event
 from launcher import status
-from launcher.observe import events
-from launcher.observe.events import record_event
 from tests.unit.test_status import FakeSlurm, sacct_line, slurm, write_run  # noqa: F401 - slurm is a fixture
-from train import ckpt_layout
 from train.stability.advice import stop_advice
 
 COMMAND = "/usr/bin/python3 -m launcher trainer.max_steps=30 run.root=/tmp/w run.name=a optim.lr=0.1 local.nproc=2\n"

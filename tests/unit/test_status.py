@@ -1,4 +1,4 @@
-"""launcher.observe.accounting parsing against fake sacct/squeue executables, and launcher.status rows, totals and CLI."""
+"""contract.rundir.accounting parsing against fake sacct/squeue executables, and launcher.status rows, totals and CLI."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from contract.rundir import accounting, metrics_file
 from launcher import status
 from launcher.checks.resume_checks import REQUIRED
-from launcher.observe import accounting, metrics_file
 from launcher.sweeps.sweepdir import Point, Sweep, save_sweep
 from tests.conftest import ROOT
 
@@ -343,7 +343,7 @@ def test_bad_directory_is_one_line_and_exit_2(run_root: Path) -> None:
     errors = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
     assert len(errors) == 1 and errors[0].startswith("error: ") and "run.root" in errors[0]
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
-    assert "launcher.observe.accounting" in imported and "torch" not in imported and "matplotlib" not in imported
+    assert "contract.rundir.accounting" in imported and "torch" not in imported and "matplotlib" not in imported
 
 
 # ---- a damaged config.yaml: shown with the launcher's way out, never hiding the other runs ----

@@ -1,6 +1,6 @@
 """Validation losses in launcher.status (the newest per set, with its step; --json too) and launcher.report (each
 set's curve on the loss panel, per run and sweep point), read from metrics.jsonl's in-loop rows and from
-evaluation jobs' results in RUN_DIR/eval/ (launcher/observe/validation_log.py)."""
+evaluation jobs' results in RUN_DIR/eval/ (contract/rundir/validation_log.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from contract.rundir import eval_results, metrics_file, validation_log
 from launcher import report, status
-from launcher.observe import eval_results, metrics_file, validation_log
+from launcher.observe import figures as figures_module
 from tests.unit.test_report import legend_texts, make_sweep
 from tests.unit.test_status import run_json, write_run
 
@@ -103,7 +104,7 @@ def test_report_draws_every_set_of_every_sweep_point(tmp_path: Path) -> None:
         sets = {"val": 3.0 + i, "web": 4.0 + i} if i != 1 else {"val": 3.0 + i}
         add_validation(run.run_dir, {10: sets, 30: {k: v - 1 for k, v in sets.items()}})
         expected.update({f"{run.name} val/{name}": [loss, loss - 1] for name, loss in sets.items()})
-    fig = report.training_figure(target.runs, title)
+    fig = figures_module.training_figure(target.runs, title)
     lines = validation_lines(fig)
     assert {gid: list(line.get_ydata()) for gid, line in lines.items()} == expected
     assert all(list(line.get_xdata()) == [10, 30] for line in lines.values())
@@ -122,7 +123,7 @@ def test_report_draws_every_set_of_every_sweep_point(tmp_path: Path) -> None:
 def test_report_draws_evaluation_job_results_and_marks_a_diverged_set(run_dir: Path) -> None:
     eval_results.write_result(run_dir, 60, {"val/val/loss": math.nan, "val/val/ppl": math.nan}, job="9")
     target, title = report.load(run_dir)
-    fig = report.training_figure(target.runs, title)
+    fig = figures_module.training_figure(target.runs, title)
     line = validation_lines(fig)["r val/val"]
     assert list(line.get_xdata()) == [0, 20, 40, 60]
     assert [v for v in line.get_ydata() if math.isfinite(v)] == [5.5, 3.25, 2.25]
@@ -158,13 +159,13 @@ def test_a_validation_row_is_no_throughput_sample_nor_the_last_loss(tmp_path: Pa
     trained = write_run(run_dir, name="r", max_steps=40, losses=[4.0, 3.0, 2.5, 2.0])
     add_validation_only_rows(run_dir, {0: 5.5, 20: 3.25, 40: 2.25}, old)
     target, title = report.load(run_dir)
-    [throughput] = report.metric_series(target.runs, "tokens_per_s")
+    [throughput] = figures_module.metric_series(target.runs, "tokens_per_s")
     assert throughput.steps == [10, 20, 30, 40] and throughput.values == [r["tokens_per_s"] for r in trained]
-    [line] = report.line_figure([throughput], "tokens/s", title).axes[0].get_lines()
+    [line] = figures_module.line_figure([throughput], "tokens/s", title).axes[0].get_lines()
     assert min(line.get_ydata()) == trained[0]["tokens_per_s"]  # no drop to 0 at step 0, 20 or 40
-    for key in report.PANELS:  # the training panels: one point per training step
-        assert [s.steps for s in report.metric_series(target.runs, key)] == [[10, 20, 30, 40]]
-    assert list(validation_lines(report.training_figure(target.runs, title))["r val/val"].get_xdata()) == [0, 20, 40]
+    for key in figures_module.PANELS:  # the training panels: one point per training step
+        assert [s.steps for s in figures_module.metric_series(target.runs, key)] == [[10, 20, 30, 40]]
+    assert list(validation_lines(figures_module.training_figure(target.runs, title))["r val/val"].get_xdata()) == [0, 20, 40]
     # launcher.status and a local sweep's table: the last training row's loss and throughput.
     [row] = run_json(capsys, str(run_dir))["rows"]
     assert (row["step"], row["loss"], row["tokens_per_s"]) == (40, 2.0, trained[-1]["tokens_per_s"])
@@ -214,10 +215,10 @@ def test_the_legend_covers_no_line_point_or_title_however_many_runs(tmp_path: Pa
     for i, run in enumerate(target.runs):
         add_validation(run.run_dir, {0: {"val": 5.0, "web": 5.5}, 10: {"val": 3.0 + i / 8, "web": 4.0},
                                      30: {"val": 2.0 + i / 8, "web": 3.0}})
-    figures = {"loss.png": report.training_figure(target.runs, title),
-               "tokens_per_s.png": report.line_figure(report.metric_series(target.runs, "tokens_per_s"), "tokens/s",
+    figures = {"loss.png": figures_module.training_figure(target.runs, title),
+               "tokens_per_s.png": figures_module.line_figure(figures_module.metric_series(target.runs, "tokens_per_s"), "tokens/s",
                                                       title),
-               "final loss": report.final_loss_figure(report.final_losses(target.sweep, target.runs, "optim.lr"),
+               "final loss": figures_module.final_loss_figure(figures_module.final_losses(target.sweep, target.runs, "optim.lr"),
                                                       "optim.lr", title)}
     assert {name: _overlaps(fig) for name, fig in figures.items()} == {name: [] for name in figures}
     assert legend_texts(figures["loss.png"]) == [run.name for run in target.runs] + ["val/val", "val/web"]

@@ -82,7 +82,7 @@ def test_a_sweep_point_logs_to_its_own_wandb_run_grouped_by_the_sweep(monkeypatc
     import types
 
     from launcher.compose import compose_config
-    from train.metrics import _init_wandb
+    from train.observe.metrics import _init_wandb
 
     calls: list[dict] = []
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(kw)))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from contract.errors import ConfigError
 from launcher.checks.key_checks import check_keys, plain_select
 from launcher.compose import compose_and_plan, compose_config
-from launcher.errors import ConfigError
 from launcher.plan.run_name import NAME_ONLY_IF_SET
 from tests.conftest import hq, launch
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contract.errors import ConfigError
 from launcher.checks.key_checks import bool_keys, check_typed_switches
 from launcher.checks.overrides import typed_as
-from launcher.errors import ConfigError
 from tests.conftest import launch
 
 

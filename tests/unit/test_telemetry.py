@@ -8,9 +8,9 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher.plan.estimate import flops_per_token
-from train import telemetry
-from train.metrics import telemetry_text, wandb_values
-from train.telemetry import StepTimer, StragglerRule, interval_fields, peak_tflops, slow_rank_delay
+from train.observe import telemetry
+from train.observe.metrics import telemetry_text, wandb_values
+from train.observe.telemetry import StepTimer, StragglerRule, interval_fields, peak_tflops, slow_rank_delay
 
 
 def test_straggler_needs_the_factor_for_the_given_number_of_intervals_in_a_row() -> None:

@@ -1,4 +1,4 @@
-"""Standard output and error outlive their terminal (launcher/terminal.py): a pipe whose reader closed and a terminal
+"""Standard output and error outlive their terminal (contract/terminal.py): a pipe whose reader closed and a terminal
 that hung up, written to by print, logging, a direct write to the buffer and the interpreter's flush at exit, in a
 real child process; tests/dist/test_local_attempts.py does it to a real local run."""
 
@@ -17,7 +17,7 @@ from tests.conftest import ROOT
 # Writes once the terminal is gone, then says (in a file: not on the terminal) what it saw.
 CHILD = r"""
 import logging, sys
-from launcher.terminal import outlive_terminal
+from contract.terminal import outlive_terminal
 
 gone = []
 outlive_terminal(on_gone=gone.append)
@@ -65,7 +65,7 @@ def test_writes_after_the_terminal_went_away_neither_fail_nor_end_the_process(tm
 
 def test_a_regular_file_is_left_as_it_is(tmp_path: Path) -> None:
     out = tmp_path / "out.txt"
-    code = ("import sys; from launcher.terminal import outlive_terminal; before = sys.stdout; outlive_terminal(); "
+    code = ("import sys; from contract.terminal import outlive_terminal; before = sys.stdout; outlive_terminal(); "
             "print(sys.stdout is before)")
     with out.open("w") as f:
         subprocess.run([sys.executable, "-c", code], cwd=ROOT, stdout=f, check=True, timeout=60)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from contract.errors import ConfigError
 from launcher.compose import compose_and_plan
-from launcher.errors import ConfigError
 
 CASES = [
     (["stability.enabled=false", "stability.spike_sigma=6"], "stability.spike_sigma=6.0 has no effect with "

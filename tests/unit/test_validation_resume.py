@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.observe import eval_results, metrics_file
+from contract.rundir import eval_results, metrics_file
 from tests.unit.test_validator_cache import _validator
 
 

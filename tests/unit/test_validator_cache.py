@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from launcher.compose import compose_and_plan
-from train.build import build_model
 from train.evaluation.validator import Validator
+from train.model.build import build_model
 
 GLOBAL_BATCH, BATCHES, SEQ = 8, 2, 16
 COMMON = ["run.root=/tmp/x", "model.d_model=32", "model.n_layers=1", "model.ffn_hidden=64", f"data.seq_len={SEQ}",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from launcher.observe.events import counts, goodput, read_events, record_event, unexpected_failures
-from launcher.schema import WatchdogConfig
-from train.watchdog import MIN_OBSERVATIONS, Watchdog, culprit_host, least_progress
+from contract.config.schema import WatchdogConfig
+from contract.rundir.events import counts, goodput, read_events, record_event, unexpected_failures
+from train.faults.watchdog import MIN_OBSERVATIONS, Watchdog, culprit_host, least_progress
 
 
 def _cfg(**overrides: object) -> object:
@@ -48,7 +48,7 @@ def test_events_count_failures_and_goodput_is_useful_step_time_over_attempt_time
 
 
 def test_nccl_failure_handling_comes_from_the_cluster_config(tmp_path: Path) -> None:
-    from launcher.schema import ClusterConfig
+    from contract.config.schema import ClusterConfig
     from train.distributed import nccl_env
 
     cluster = OmegaConf.structured(ClusterConfig(name="c", nccl_heartbeat_timeout_s=120,
@@ -83,7 +83,7 @@ def test_the_rank_that_got_least_far_is_the_culprit_and_its_host_is_named() -> N
 
 
 def test_a_resume_settles_what_the_last_attempt_lost(tmp_path: Path) -> None:
-    from launcher.observe.events import settle_steps_lost
+    from contract.rundir.events import settle_steps_lost
 
     # Recorded at the crash: the newest complete checkpoint was step 5; step 10's async save completed after.
     record_event(tmp_path, "preempted", step=4, steps_lost=0)

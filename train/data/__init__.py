@@ -5,15 +5,14 @@ config and the seed, so a resume on any number of ranks continues exactly.
     synthetic.py    data=synthetic, a learnable stream
     windows.py      token files as one stream (TokenStream) and its windows as samples (WindowSource, MemmapTokens)
     index.py        the order of windows within an epoch: a keyed bijection, never materialised; INDEX_VERSION
-    spec.py         what data=tokens points at (data.path, data.sources), resolved: files, dtype, manifest, weight
-    prepared.py     a prepared dataset's validation split as sources (its train split is read through spec.py)
-    mixture.py      data.sources mixed by weight: the source and window of a sample index, a pure function
-    fingerprint.py  the fingerprint of the data a run reads, saved with every checkpoint, compared on resume
+    prepared.py     a prepared dataset's validation split as sources (its train split is read through the spec)
+    prefetch.py     micro batches prepared off the critical path by a worker thread
     dataset.py      a user's map-style dataset (data._target_)
     batches.py      micro batches by global index (micro_batch_indices, load_micro_batch, split_sample)
 
-Only batches.py and dataset.py need torch, and this package imports its modules when a name is first asked for:
-the launcher reads the torch-free ones (spec, mixture, fingerprint, index, windows) on a login node.
+What data=tokens points at, resolved (spec), a mixture's apportionment and the data fingerprint are the
+contract's (contract/data/), which the launcher checks too. Only batches.py and dataset.py need torch; this package
+imports its modules when a name is first asked for.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from launcher.errors import ConfigError
+from contract.errors import ConfigError
 from train.data.batches import split_sample
 from train.data.index import INDEX_VERSION, Order, epoch_order
 
@@ -36,7 +36,7 @@ def build_dataset_source(data_cfg: Any, index_version: int = INDEX_VERSION,
                          key: str = "data._target_") -> DatasetSource:
     """data._target_ instantiated with data.args; its first sample must hold data.seq_len (+1) tokens. `key`: the
     config key errors name (an evaluation set's own, eval.sets.NAME._target_)."""
-    from train.build import instantiate
+    from train.model.build import instantiate
 
     source = DatasetSource(instantiate(key, data_cfg._target_, data_cfg.args), data_cfg.seed,
                            data_cfg.shuffle, index_version)

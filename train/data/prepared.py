@@ -1,6 +1,6 @@
-"""Reading a prepared dataset's splits (python -m launcher.prepare; the format is launcher/prepare/manifest.py).
+"""Reading a prepared dataset's splits (python -m launcher.prepare; the format is contract/data/manifest.py).
 
-The train split is what data.path (or a mixture's source) trains on: train/data/spec.py resolves it into one
+The train split is what data.path (or a mixture's source) trains on: contract/data/spec.py resolves it into one
 stream of its shards. The validation split is read here, for validation loss: every window once, in order.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from train.data.spec import token_sources
-from train.data.windows import WindowSource
+from contract.data.spec import token_sources
+from train.data.windows import WindowSource, stream_of
 
 
 def validation_sources(data_cfg: Any) -> dict[str, WindowSource]:
@@ -22,6 +22,6 @@ def validation_sources(data_cfg: Any) -> dict[str, WindowSource]:
     out = {}
     for spec in token_sources(data_cfg, split="val", on_ranks=True):
         if spec.manifest is not None and spec.windows(seq_len) >= 1:
-            out[spec.name] = WindowSource(spec.stream(), seq_len, int(data_cfg.seed), shuffle=False, name=spec.name,
+            out[spec.name] = WindowSource(stream_of(spec), seq_len, int(data_cfg.seed), shuffle=False, name=spec.name,
                                           what=f"{spec.key}={spec.path} (validation split)")
     return out

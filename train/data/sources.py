@@ -31,15 +31,15 @@ def build_source(data_cfg: Any, vocab_size: int, index_version: int = INDEX_VERS
 def token_source(data_cfg: Any, index_version: int = INDEX_VERSION) -> TokenSource:
     """data=tokens: the windows of data.path (a token file, a prepared directory's train split, a glob of files),
     or a mixture of data.sources."""
-    from train.data.spec import token_sources
-    from train.data.windows import WindowSource
+    from contract.data.spec import token_sources
+    from train.data.windows import WindowSource, stream_of
 
     specs = token_sources(data_cfg, on_ranks=True)
-    windows = {s.name: WindowSource(s.stream(), int(data_cfg.seq_len), int(data_cfg.seed), bool(data_cfg.shuffle),
+    windows = {s.name: WindowSource(stream_of(s), int(data_cfg.seq_len), int(data_cfg.seed), bool(data_cfg.shuffle),
                                     s.name, index_version, what=f"{s.key}={s.path}") for s in specs}
     if not data_cfg.get("sources"):
         return windows[""]
-    from train.data.mixture import Mixture
+    from contract.data.mixture import Mixture
 
     return Mixture(windows, {s.name: s.weight for s in specs})
 

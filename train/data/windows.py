@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -123,3 +124,8 @@ class MemmapTokens(WindowSource):
     def __init__(self, path: str, dtype: str, seq_len: int, seed: int, shuffle: bool,
                  index_version: int = INDEX_VERSION) -> None:
         super().__init__(TokenStream([path], dtype), seq_len, seed, shuffle, index_version=index_version, what=path)
+
+
+def stream_of(spec: Any) -> TokenStream:
+    """The token stream of one resolved source (contract/data/spec.py SourceSpec)."""
+    return TokenStream(spec.files, spec.dtype, spec.sizes)

@@ -1,5 +1,8 @@
-"""Validation during training (eval.*): named sets, each evaluated on the same samples every time.
+"""Validation during training and evaluation jobs (eval.*). The sets are resolved and checked by the
+contract (contract/rules/eval_sets.py), so the launcher refuses a bad set at launch.
 
-    sets.py       what eval.sets names, resolved and checked (torch-free: the launcher refuses a bad set at launch)
-    validator.py  the evaluation pass: forward only, the global token-weighted loss over all ranks, perplexity
+    set_batches.py  a set's batches, read once and kept
+    validator.py    the evaluation pass: forward only, the global token-weighted loss over all ranks, perplexity
+    job.py          an evaluation job's rank: load a checkpoint's weights, run the pass, write eval/step_N.json
+    submit.py       the sbatch call training's rank 0 makes for an evaluated checkpoint
 """

@@ -1,14 +1,14 @@
-"""An evaluation job's rank (eval.async_jobs=true; the design: launcher/run/eval_jobs.py):
+"""An evaluation job's rank (eval.async_jobs=true; the design: contract/rules/eval_jobs.py):
 
     python -m launcher.worker --evaluate RUN_DIR STEP
 
 loads the model weights of STEP's checkpoint on this job's ranks and runs the in-loop Validator over the sets the run
 names, so the losses are those an in-loop pass at that step gives. Only the weights are read, as model.init_from
-reads them (train/init_weights.py): into each rank's model before the strategy places it, forward only (no
+reads them (train/weights/init_weights.py): into each rank's model before the strategy places it, forward only (no
 optimizer: strategies' setup(train=False)), so a sharding strategy shards them and any number of ranks loads a
 checkpoint of any strategy (DCP or DeepSpeed), never touching its optimizer state; the accumulation is re-derived
 so that an evaluation batch is still trainer.global_batch_size samples. Rank 0 writes RUN_DIR/eval/step_N.json and then
-removes the pending marker that kept the checkpoint from retention (launcher/observe/eval_results.py).
+removes the pending marker that kept the checkpoint from retention (contract/rundir/eval_results.py).
 
 Preemption: the signal handler (installed first) only sets a flag; the ranks agree on it once the weights are
 loaded. A preemption signal (cluster.signal) by then makes rank 0 requeue the job (up to cluster.max_requeues
@@ -37,7 +37,7 @@ def for_world(cfg: Any, world_size: int) -> None:
     """The accumulation that keeps an evaluation batch at trainer.global_batch_size samples on this world size."""
     from omegaconf import open_dict
 
-    from launcher.errors import ConfigError
+    from contract.errors import ConfigError
 
     t = cfg.trainer
     dp = world_size // (int(cfg.parallel.tp) * int(cfg.parallel.pp))
@@ -52,7 +52,7 @@ def for_world(cfg: Any, world_size: int) -> None:
 
 def run(run_dir: str | Path, step: int) -> int:
     run_dir = Path(run_dir).resolve()
-    from train import ckpt_layout as layout
+    from contract.rundir import ckpt_layout as layout
 
     checkpoint = layout.CheckpointDir(step, layout.step_dir(run_dir, step))
     from train.entry import load_config
@@ -62,14 +62,14 @@ def run(run_dir: str | Path, step: int) -> int:
               "evaluate", file=sys.stderr)
         return 2
     cfg = load_config(checkpoint.path / "config.yaml")  # what trained it
-    from train.signals import StopFlag, preempt_signal
+    from train.faults.signals import StopFlag, preempt_signal
 
     flag = StopFlag(preempt_signal(cfg))  # before the heavy imports
     import torch
 
-    from launcher.errors import EXIT_BAD_INPUT, ConfigError
+    from contract.errors import EXIT_BAD_INPUT, ConfigError
     from train import distributed
-    from train.metrics import log, setup_logging
+    from train.observe.metrics import log, setup_logging
 
     env = distributed.detect()
     setup_logging(env)
@@ -88,19 +88,19 @@ def run(run_dir: str | Path, step: int) -> int:
         flag.close()
     if values is None:
         if requeue_job:
-            from train.preemption import requeue
+            from train.faults.preemption import requeue
 
             requeue(requeue_job)  # last: it ends this attempt
         return 0
     if env.is_main:
-        from launcher.observe import eval_results
-        from train.preemption import slurm_job_id
+        from contract.rundir import eval_results
+        from train.faults.preemption import slurm_job_id
 
         path = eval_results.write_result(run_dir, step, values, job=slurm_job_id(), world_size=env.world_size,
                                          checkpoint=str(checkpoint.path))
         eval_results.clear_pending(run_dir, step)
         # Retention's deletions that waited for this evaluation (training's next pass would do them, if it has one).
-        from train.checkpoint import doomed_checkpoints
+        from train.checkpoints.retention import doomed_checkpoints
 
         for doomed in doomed_checkpoints(run_dir, cfg.checkpoint):
             layout.remove(doomed)
@@ -113,12 +113,12 @@ def evaluate(cfg: Any, env: Any, device: Any, run_dir: Path, checkpoint: Any,
              flag: Any) -> tuple[dict[str, float] | None, str | None]:
     """Every set's loss and perplexity; None when the job was asked to stop before the pass, with the job rank 0
     requeues once everything is closed."""
-    from train.build import build_model
+    from contract.rules.init_source import checkpoint_source
     from train.evaluation.validator import Validator
-    from train.init_source import checkpoint_source
-    from train.init_weights import load_into
-    from train.metrics import log
+    from train.model.build import build_model
+    from train.observe.metrics import log
     from train.strategies import build_strategy
+    from train.weights.init_weights import load_into
 
     for_world(cfg, env.world_size)
     strategy = build_strategy(cfg, env, device)
@@ -140,8 +140,8 @@ def _agreed_stop(env: Any, cfg: Any, step: int, flag: Any) -> tuple[bool, str | 
     import torch
 
     from train.distributed import all_reduce_max, cpu_group
-    from train.metrics import log
-    from train.preemption import NOTHING, REQUEUE, STOP, slurm_job_id
+    from train.faults.preemption import NOTHING, REQUEUE, STOP, slurm_job_id
+    from train.observe.metrics import log
 
     local = REQUEUE if flag.wants_requeue else STOP if flag.received is not None else NOTHING
     agreed = all_reduce_max(local, torch.device("cpu"), cpu_group())
@@ -164,7 +164,7 @@ def _agreed_stop(env: Any, cfg: Any, step: int, flag: Any) -> tuple[bool, str | 
 def _hold_for_test(env: Any, run_dir: Path, step: int, flag: Any) -> None:
     if os.environ.get(TEST_HOLD_ENV) != str(step) or int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
         return
-    from launcher.observe import eval_results
+    from contract.rundir import eval_results
 
     if env.is_main:
         (eval_results.eval_dir(run_dir) / f"step_{step}.held").write_text(f"{os.environ.get('SLURM_JOB_ID')}\n")

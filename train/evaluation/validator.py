@@ -19,14 +19,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from launcher.observe import validation_log
-from launcher.run.eval_jobs import jobs_enabled
-from train.build import logits_of
+from contract.rules.eval_jobs import jobs_enabled
+from contract.rules.eval_sets import HELD_OUT_START, enabled, eval_section, repeat_warning, resolved_sets
+from contract.rundir import validation_log
 from train.data.batches import IGNORE_INDEX, planned_micro_batches
 from train.distributed import all_reduce_max
 from train.evaluation.set_batches import SetBatches, samples_in
-from train.evaluation.sets import HELD_OUT_START, enabled, eval_section, repeat_warning, resolved_sets
-from train.metrics import log
+from train.model.build import logits_of
+from train.observe.metrics import log
 
 
 class HeldOut:
@@ -43,7 +43,7 @@ class HeldOut:
 
 
 def build_set_source(cfg: Any, entry: dict[str, Any], name: str = "") -> Any:
-    """A TokenSource over one resolved set (train/evaluation/sets.py), read in order."""
+    """A TokenSource over one resolved set (contract/rules/eval_sets.py), read in order."""
     from omegaconf import OmegaConf
 
     kind, data = entry["kind"], cfg.data

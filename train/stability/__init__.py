@@ -1,11 +1,11 @@
 """Training that notices when it goes wrong (issue 22): every optimizer update is checked on the device first.
+Its settings are checked at launch by the contract (contract/rules/stability_checks.py); the skipped samples'
+file is the contract's too (contract/rundir/skipped_samples.py).
 
-    checks.py      launch-time refusals (torch-free: the launcher imports it)
     verdict.py     on the device, before the update: non-finite gradient norm, the spike rule; the skip flag that
                    makes the fused AdamW step a no-op, with no host synchronisation
     codes.py       each step's verdict to the host without waiting: pinned copies read once the device got there
     monitor.py     the host's counts and decision: nothing, roll back or stop (pure Python)
-    skips.py       RUN_DIR/skipped_samples.json: sample ranges no later step trains on, and rollbacks so far
     rollback.py    reload the newest complete checkpoint satisfying a predicate, skip sample ranges, record why
     blowup.py      whether a loss blew up: far above the run's start or best (torch-free: launcher.status uses it)
     advice.py      the stop line's way on: what the losses say went wrong, and the command that fits it

@@ -3,7 +3,7 @@ written (pure stdlib).
 
     one bad batch      a single non-finite step after healthy ones (stability.nonfinite=stop): the same run resumed
                        with stability.nonfinite=skip, which doesn't apply that step and reads on past its samples
-    blew up            the loss far above the run's start (train/stability/blowup.py): a rate lower by a power of
+    blew up            the loss far above the run's start (contract/rules/blowup.py): a rate lower by a power of
                        ten (at least 10x), from the last checkpoint not far above the best, else from the weights
                        the run started from
     climbed, recurring the loss far above the best it reached, or non-finite steps that kept coming back: half the rate
@@ -21,8 +21,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from train import ckpt_layout as layout
-from train.stability.blowup import LossHistory, ceiling, far_above, lr_cut, reference
+from contract.rules.blowup import LossHistory, ceiling, far_above, lr_cut, reference
+from contract.rundir import ckpt_layout as layout
 
 # Keys the advice sets: the run's own values of them are dropped from its command (a key twice is refused).
 REPLACED = ("optim.lr", "run.name", "model.init_from", "run.overwrite", "run.resume")

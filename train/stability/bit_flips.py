@@ -22,7 +22,7 @@ _fired = False
 
 def flip(step: int, rank: int, tensors: list[torch.Tensor]) -> None:
     global _fired
-    from train.watchdog import _injection
+    from train.faults.watchdog import _injection
 
     if _fired or not tensors or _injection(FLIP_BITS_ENV, rank) != step:
         return

@@ -4,11 +4,11 @@
       differ) and the same in the log;
     - under SLURM, when the majority names the hosts: the checkpoints newer than the newest one verified consistent
       are removed and the job is requeued without every host the majority named (each while the partition has a
-      node to spare), as for a crashed rank (train/recovery.py), so that the next attempt resumes from the
+      node to spare), as for a crashed rank (train/faults/recovery.py), so that the next attempt resumes from the
       verified checkpoint on other hardware; a failure against cluster.max_failures, as a crash is;
     - otherwise (a local run, or no majority to name a host): an in-process rollback to the newest checkpoint
       verified consistent, no samples skipped (the data was fine), and training goes on; the attempt goes on too,
-      so this is no failure against cluster.max_failures (launcher/observe/events.py is_failure);
+      so this is no failure against cluster.max_failures (contract/rundir/events.py is_failure);
     - no verified checkpoint, or stability.max_rollbacks reached: the run stops in one line naming the hosts.
 """
 
@@ -18,13 +18,13 @@ import logging
 import sys
 from typing import Any
 
-from launcher.errors import EXIT_DIVERGED
-from launcher.observe.events import record_event
-from train import ckpt_layout as layout
-from train.metrics import log
+from contract.errors import EXIT_DIVERGED
+from contract.rundir import ckpt_layout as layout
+from contract.rundir.events import record_event
+from contract.rundir.skipped_samples import SkippedSamples
+from train.observe.metrics import log
 from train.stability.replicas import Disagreement, ReplicaCheck
 from train.stability.rollback import rollback
-from train.stability.skips import SkippedSamples
 
 # The loop's action for it, above the stop agreement's NOTHING, ROLLBACK and STOP (train/stability/monitor.py).
 CORRUPTION = 3
@@ -34,8 +34,8 @@ EVENT_KIND = "corruption"
 def respond(found: Disagreement, check: ReplicaCheck, ckpt: Any, skips: SkippedSamples, cfg: Any,
             max_rollbacks: int, step: int) -> dict[str, Any] | Any:
     """A checkpoint's trainer state to go on from, or the StopOutcome that ends this attempt."""
-    from train.preemption import StopOutcome, slurm_job_id
-    from train.recovery import attempt, recover
+    from train.faults.preemption import StopOutcome, slurm_job_id
+    from train.faults.recovery import attempt, recover
 
     is_main, run_dir = ckpt.env.is_main, ckpt.run_dir
     what = check.describe(found)
@@ -77,7 +77,7 @@ def respond(found: Disagreement, check: ReplicaCheck, ckpt: Any, skips: SkippedS
             f"{', '.join(sorted(set(hosts)))} (GPU memory, ECC errors), then run the same command to resume from the "
             "newest checkpoint")
     if is_main:
-        from train.recovery import _to_rank_log
+        from train.faults.recovery import _to_rank_log
 
         _to_rank_log(logging.ERROR, line, None)
         print(line, file=sys.stderr, flush=True)

@@ -19,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 
 from train.distributed import cpu_group
-from train.metrics import log
+from train.observe.metrics import log
 from train.stability import bit_flips
 from train.stability.fingerprint import fingerprint
 

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.observe.events import record_event
-from train import ckpt_layout as layout
-from train.metrics import log
-from train.stability.skips import SkippedSamples
+from contract.rundir import ckpt_layout as layout
+from contract.rundir.events import record_event
+from contract.rundir.skipped_samples import SkippedSamples
+from train.observe.metrics import log
 
 
 def rollback(ckpt: Any, skips: SkippedSamples, step: int, *, to: Callable[[int], bool],
@@ -33,8 +33,8 @@ def rollback(ckpt: Any, skips: SkippedSamples, step: int, *, to: Callable[[int],
     saved = ckpt.load(target)
     skips.add_rollback(skip, reason, write=is_main)
     if is_main:
-        from train.preemption import slurm_job_id
-        from train.recovery import attempt, node_name
+        from train.faults.preemption import slurm_job_id
+        from train.faults.recovery import attempt, node_name
 
         record_event(run_dir, kind, attempt=attempt(), job=slurm_job_id(), host=node_name(), step=step,
                      to_step=target.step, steps_lost=step - target.step, reason=reason,

@@ -29,20 +29,20 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from launcher.errors import EXIT_DIVERGED
-from launcher.observe.events import record_event
-from train import ckpt_layout as layout
+from contract.errors import EXIT_DIVERGED
+from contract.rules.blowup import DEFAULT_MARGIN, LossHistory, far_above, reference
+from contract.rules.stability_checks import plan_note
+from contract.rundir import ckpt_layout as layout
+from contract.rundir.events import record_event
+from contract.rundir.skipped_samples import SkippedSamples
 from train.distributed import cpu_group
-from train.metrics import log
+from train.observe.metrics import log
 from train.stability.advice import diagnose, stop_advice
-from train.stability.blowup import DEFAULT_MARGIN, LossHistory, far_above, reference
-from train.stability.checks import plan_note
 from train.stability.codes import DeviceCodes
 from train.stability.corruption import CORRUPTION, respond
 from train.stability.monitor import NOTHING, ROLLBACK, STOP, Monitor, Trouble
 from train.stability.replicas import Disagreement, ReplicaCheck
 from train.stability.rollback import rollback
-from train.stability.skips import SkippedSamples
 from train.stability.state_check import state_is_finite
 from train.stability.verdict import NONFINITE, SCALER, SpikeRule, StepVerdict, apply_with_skip, skip_flag
 from train.stability.z_loss import ZLoss
@@ -51,7 +51,7 @@ from train.stability.z_loss import ZLoss
 KEPT_STARTS = 4096
 # Saves whose loss is kept for their COMPLETE marker (an asynchronous save completes a few steps later).
 KEPT_SAVE_LOSSES = 8
-# The checkpoint trainer state's entry (train/checkpoint.py writes what state_dict returns into it).
+# The checkpoint trainer state's entry (train/checkpoints/manager.py writes what state_dict returns into it).
 STATE_KEY = "stability"
 
 
@@ -279,7 +279,7 @@ class Stability:
             log.info("checkpoint step %s: %s", saved.get("step", "?"), "; ".join(notes))
 
     def _stop(self, trouble: Trouble, step: int) -> Any:
-        from train.preemption import StopOutcome
+        from train.faults.preemption import StopOutcome
 
         self.ckpt.wait()  # a save in flight is from before the trouble: it completes, and is the one to name
         # The newest complete checkpoint from before the first bad step whose loss is not far above the best, as a
@@ -296,7 +296,7 @@ class Stability:
         line = (f"error: stopped at step {step}: {trouble.reason} at step {_steps(trouble.bad_steps)}{trouble.limit} "
                 f"(stability.nonfinite={self.policy}); {advice}")
         if self.env.is_main:  # the end itself is recorded as a "diverged" event by train/recovery.end_of_attempt
-            from train.recovery import _to_rank_log
+            from train.faults.recovery import _to_rank_log
 
             _to_rank_log(logging.ERROR, line, None)
             print(line, file=sys.stderr, flush=True)
@@ -307,7 +307,7 @@ class Stability:
         skipped = self.monitor.take_unreported()
         if not self.env.is_main:
             return
-        from train.preemption import slurm_job_id
+        from train.faults.preemption import slurm_job_id
 
         for step, code in skipped:
             start = self.starts.get(step)

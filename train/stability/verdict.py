@@ -112,7 +112,7 @@ class StepVerdict:
         values = torch.stack([shared, norm.float()])
         bad = ~torch.isfinite(values).all()
         spike = self.spike(values, bad)
-        if self.fp16:  # never reached: the spike rule is refused with fp16 (train/stability/checks.py)
+        if self.fp16:  # never reached: the spike rule is refused with fp16 (contract/rules/stability_checks.py)
             return spike.float() * SPIKE
         return bad.float() + spike.float() * SPIKE
 

@@ -5,21 +5,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from contract.rules.strategy_names import REGISTRY
+
 if TYPE_CHECKING:  # the registry itself stays importable on a login node, without torch
     from train.strategies.base import Strategy
-
-# strategy name -> "module:class"; the module is imported only when chosen (deepspeed is heavy and optional).
-REGISTRY = {
-    "single": "train.strategies.single:SingleStrategy",
-    "ddp": "train.strategies.ddp:DDPStrategy",
-    "fsdp": "train.strategies.fsdp:FSDPStrategy",
-    "fsdp_grad_op": "train.strategies.fsdp:FSDPStrategy",
-    "hsdp": "train.strategies.fsdp:FSDPStrategy",
-    "zero1": "train.strategies.deepspeed:DeepSpeedStrategy",
-    "zero2": "train.strategies.deepspeed:DeepSpeedStrategy",
-    "zero3": "train.strategies.deepspeed:DeepSpeedStrategy",
-    "zero3_offload": "train.strategies.deepspeed:DeepSpeedStrategy",
-}
 
 # Strategies that shard model by model block (FSDP's units): they need the model's blocks found.
 PER_BLOCK = ("fsdp", "fsdp_grad_op", "hsdp")

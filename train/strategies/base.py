@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.errors import ConfigError
-from train.blocks import blocks_for, prepare_blocks
+from contract.errors import ConfigError
+from train.model.blocks import blocks_for, prepare_blocks
 from train.optim import build_optimizer, build_scheduler
 from train.stability.verdict import apply_with_skip
 
@@ -25,7 +25,7 @@ class Strategy:
     """
 
     name = "base"
-    # How model and optimizer state are saved (train/checkpoint.py): "dcp" or "deepspeed".
+    # How model and optimizer state are saved (train/checkpoints/manager.py): "dcp" or "deepspeed".
     checkpoint_format = "dcp"
 
     def __init__(self, cfg: Any, env: Any, device: torch.device) -> None:
@@ -37,7 +37,7 @@ class Strategy:
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         # Loss scaling for fp16 (None otherwise); part of the checkpointed training state.
         self.scaler: Any = None
-        # The model's repeated blocks (train/blocks.py), after activation checkpointing: FSDP's units.
+        # The model's repeated blocks (train/model/blocks.py), after activation checkpointing: FSDP's units.
         self.blocks: list[nn.Module] = []
         # Tensor / pipeline parallel layout (train/strategies/mesh.py), or None; the data-parallel coordinates
         # decide which samples this rank trains on (tensor-parallel peers and a replica's stages share them).

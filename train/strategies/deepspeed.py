@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.blocks import prepare_blocks
+from train.model.blocks import prepare_blocks
 from train.optim import build_optimizer, build_scheduler, param_groups, peak_lr
 from train.strategies.base import Strategy
 from train.strategies.limits import scalar_refusal

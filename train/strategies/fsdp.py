@@ -23,7 +23,7 @@ from train.strategies.limits import dtype_refusal, scalar_parameters
 
 
 class FSDPStrategy(Strategy):
-    """Each block (train/blocks.py) is its own FSDP unit, then the root (embeddings, final norm, head)."""
+    """Each block (train/model/blocks.py) is its own FSDP unit, then the root (embeddings, final norm, head)."""
 
     # 0-dim parameters, replicated rather than sharded (set by wrap).
     replicated: list[nn.Parameter] = []

@@ -52,7 +52,7 @@ class Chunk(nn.Module):
             self.register_buffer("rope_sin", model.rope_sin, persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        from train.model import Transformer
+        from train.model.transformer import Transformer
 
         return Transformer.forward(self, tokens)  # type: ignore[arg-type]
 

@@ -1,0 +1,175 @@
+"""What is trained and how: model, data, optimizer, strategy, parallelism, precision, trainer.
+Declared once; the whole config is contract/config/schema.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from contract.config.keys import SEED_MAX, num, path_key
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    vocab_size: int = num(256, 1)
+    d_model: int = num(64, 1)
+    n_layers: int = num(2, 1)
+    n_heads: int = num(4, 1)
+    # Grouped-query attention: fewer key/value heads than query heads (Llama 3); None means n_heads.
+    n_kv_heads: int | None = num(None, 1)
+    ffn_hidden: int = num(256, 1)
+    max_seq_len: int = num(64, 1)
+    # The two families we size: GPT-2 (learned positions, GELU MLP, LayerNorm, tied embeddings) and
+    # Llama 3 (RoPE, SwiGLU, RMSNorm). One implementation, switched by these three keys.
+    position: str = "rope"  # rope | learned
+    mlp: str = "swiglu"  # swiglu | gelu
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    rope_theta: float = num(10000.0, 0, lo_open=True)
+    tie_embeddings: bool = True
+    dropout: float = num(0.0, 0, 1, hi_open=True)
+    init_std: float = num(0.02, 0, lo_open=True)
+    # Bring your own model: a function or class that returns an nn.Module, instantiated by Hydra with `args` as
+    # its keyword arguments (model._target_=my_pkg.build_model model.args.hidden=128). The keys above then only
+    # matter where the data uses them (vocab_size, max_seq_len). None: our transformer.
+    _target_: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    # The repeated block that FSDP wraps and activation checkpointing recomputes: a class name (or
+    # module.ClassName). None: found automatically (the longest list of identical blocks); "none": the model has
+    # no blocks and is trained as one unit.
+    block: str | None = None
+    # model=hf_causal_lm: a local Hugging Face config.json (or the directory holding it); nothing is downloaded.
+    config_path: str | None = path_key()
+    # Start from saved weights (fine-tuning, continued pretraining): a safetensors file or directory, a Hugging Face
+    # model directory, a run directory (its newest complete checkpoint) or RUN/checkpoints/step_N. Only the weights:
+    # the optimizer, schedule and data start fresh; applied at a run's first start only (train/weights/init_weights.py).
+    init_from: str | None = path_key()
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    # Tokens per sample; defaults to the model's context length.
+    seq_len: int = num("${model.max_seq_len}", 1)  # type: ignore[assignment]
+    seed: int = num("${trainer.seed}", 0, SEED_MAX)  # type: ignore[assignment]
+    # synthetic: probability that the next token follows the hidden transition table (the learnable part).
+    signal: float = num(0.9, 0, 1)
+    # tokens: a flat binary file of token ids (numpy memmap), a prepared directory (python -m launcher.prepare; its
+    # manifest sets the dtype and the vocabulary) or a glob of token files read as one stream.
+    path: str | None = path_key()
+    dtype: str = "uint16"
+    shuffle: bool = True
+    # tokens: a mixture instead of one path, data.sources.NAME.path=... data.sources.NAME.weight=0.7 (train/data/
+    # mixture.py): which source and window a sample reads is a pure function of its index, the weights and the seed.
+    sources: dict[str, Any] = path_key(each="path")
+    # A checkpoint records the fingerprint of the data it was trained on; resuming on other data (another file,
+    # changed contents, other sources or weights) is refused unless this is true. Not a training setting.
+    allow_changed: bool = False
+    # Bring your own data: a map-style dataset class (len and getitem) or a function returning one, instantiated
+    # by Hydra with `args`. An item is a token sequence of seq_len + 1 (inputs and shifted targets), an
+    # (inputs, targets) pair, or a dict with input_ids (and labels). Sample i of the global stream is item
+    # i mod len, in an order shuffled per epoch by data.seed when data.shuffle is true.
+    _target_: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = num(3e-3, 0, lo_open=True)
+    min_lr_ratio: float = num(0.1, 0, 1)
+    weight_decay: float = num(0.1, 0)
+    beta1: float = num(0.9, 0, 1, hi_open=True)
+    beta2: float = num(0.95, 0, 1, hi_open=True)
+    eps: float = num(1e-8, 0, lo_open=True)
+    warmup_steps: int = num(5, 0)
+    # The learning-rate schedule after warmup (contract/rules/schedules.py has each closed form): cosine | linear | constant
+    # | wsd (warmup-stable-decay) | inverse_sqrt. min_lr_ratio is the floor of all but constant.
+    schedule: str = "cosine"
+    # wsd: the decay takes this fraction of trainer.max_steps at the end, in this shape (1-sqrt | linear | cosine),
+    # unless decay_start_step names the last step at the peak (like trainer.max_steps it may change when a run is
+    # extended, so that a stable phase can be extended and annealed later).
+    decay_fraction: float = num(0.2, 0, 1)
+    decay_shape: str = "1-sqrt"
+    decay_start_step: int | None = num(None, 0)
+    # inverse_sqrt: the rate is 1/sqrt(2) of the peak this many steps after warmup (None: optim.warmup_steps).
+    timescale: int | None = num(None, 1)
+    grad_clip: float = num(1.0, 0)
+    # Scale optim.lr with the effective batch: none, linear or sqrt of (global batch / reference_batch_size).
+    lr_scaling: str = "none"
+    reference_batch_size: int | None = num(None, 1)
+    # Derived by the launch plan (optim.lr after lr_scaling); training uses it. Not set by hand.
+    scaled_lr: float | None = num(None, 0, lo_open=True)
+    # z-loss (PaLM, OLMo): this times the mean squared log-partition logsumexp(logits)^2 is added to the loss, keeping
+    # the logits from drifting; logged as z_loss. 0: off. 1e-4 is the usual value.
+    z_loss: float = num(0.0, 0)
+
+
+@dataclass
+class StrategyConfig:
+    name: str = MISSING
+    # Which backend implements it: torch (single, ddp, fsdp, fsdp_grad_op, hsdp) or deepspeed (zero*).
+    backend: str = "torch"
+    # DDP knobs.
+    bucket_cap_mb: int = num(25, 1)
+    gradient_as_bucket_view: bool = True
+    # FSDP2 (fully_shard per transformer block): free the gathered parameters after forward (ZeRO-3 layout)
+    # or keep them until backward (ZeRO-2 layout).
+    reshard_after_forward: bool = True
+    # HSDP: replicas across this many groups, sharded within each (None: the number of nodes).
+    replicate_degree: int | None = num(None, 1)
+    # DeepSpeed ZeRO.
+    zero_stage: int = num(0, 0, 3)
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    # Across strategies: recompute each transformer block's activations in backward; torch.compile each block.
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+
+@dataclass
+class ParallelConfig:
+    # Tensor parallelism: each block's attention heads and MLP split over this many GPUs of one node (Megatron's
+    # column / row pattern, sequence parallel norms). Data parallelism (strategy=fsdp/hsdp/ddp) is what is left:
+    # world size / (tp x pp).
+    tp: int = num(1, 1)
+    # Pipeline parallelism: the blocks split evenly into this many stages, consecutive stages on consecutive nodes.
+    pp: int = num(1, 1)
+    # 1f1b | interleaved_1f1b; a step's accumulation steps are the pipeline's micro batches (at least 4 x pp).
+    pp_schedule: str = "1f1b"
+    # interleaved_1f1b: model chunks per pipeline rank.
+    pp_virtual_stages: int = num(2, 1)
+    # Tensor parallelism across nodes is refused (it collapses MFU over the network) unless this is set.
+    allow_cross_node_tp: bool = False
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = MISSING
+    # Dtype of the autocast region; fp32 means no autocast.
+    compute_dtype: str = "float32"  # float32 | bfloat16 | float16
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = num(100, 1)
+    micro_batch_size: int = num(8, 1)
+    # None: derived from global_batch_size (or 1 when that is unset too).
+    grad_accum_steps: int | None = num(None, 1)
+    # Sequences per optimizer step across all ranks; None: micro x accumulation x data-parallel size.
+    global_batch_size: int | None = num(None, 1)
+    seed: int = num(1234, 0, SEED_MAX)
+    log_every: int = num(10, 1)
+    # Periodic (asynchronous) checkpoint interval in optimizer steps; 0: only on preemption and at the end.
+    ckpt_every: int = num(100, 0)
+    # Force the deterministic-algorithms switch of torch (bitwise-reproducible resume tests).
+    deterministic: bool = True
+    # Threads per rank for CPU math. Fixed (not derived from the host) so that the same seed gives the same
+    # losses in local mode and under SLURM.
+    cpu_threads: int = num(1, 1)
+    # Optimizer steps of micro batches a background thread prepares ahead of training (0: load on the training
+    # thread). Samples are addressed by index, so this never changes which samples a step trains on.
+    prefetch_steps: int = num(2, 0, 64)
+    progress_bar: bool = True

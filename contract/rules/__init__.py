@@ -1,0 +1,13 @@
+"""Pure functions the launch and the ranks both compute, so both agree.
+
+    schedules.py          learning-rate schedules in closed form of the step
+    flops.py              training FLOPs per token (the plan's budget, telemetry's MFU)
+    sbatch.py             a job's sbatch parameters from its config
+    eval_jobs.py          evaluation jobs: which steps get one, their checks (the design)
+    eval_job_script.py    an evaluation job's config and script (checked at launch, submitted by rank 0)
+    eval_sets.py          eval.sets resolved and checked
+    stability_checks.py   stability.* settings checked
+    init_source.py        where model.init_from points, resolved without torch
+    hf_config.py          model=hf_causal_lm: the local Hugging Face config, read as plain JSON
+    strategy_names.py     the strategies a config can name and the compute-side class of each
+"""

@@ -1,0 +1,65 @@
+"""The one door from launcher/ into train/: the only launcher module that imports the compute side (import-linter
+lets it, and no other; `make lint`).
+
+Why a login-side package reaches the compute side at all: a few commands run the model in the process where they
+are typed, with no job around them, and one entry lives under `launcher` for its name:
+    export      launcher/export.py consolidates a checkpoint's weights (any strategy, any world size) into one file
+    sample      launcher/sample.py generates from a checkpoint on this machine
+    the worker  launcher/worker.py is the compute-side entry as we start it (local workers, submitit's pickled
+                `launcher.worker.run`, the sbatch scripts, evaluation jobs); going through `launcher` keeps our `train`
+                package ahead of a user's own train.py in the working directory
+Each function imports train/ only when called, so importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+
+def train(config_path: str | Path) -> int:
+    """One rank of a run from its resolved config (train/entry.py)."""
+    from train.entry import run
+
+    return run(config_path)
+
+
+def train_main(argv: list[str]) -> int:
+    from train.entry import main
+
+    return main(argv)
+
+
+def probe_main() -> int:
+    """The launch probe of a user's model (train/model/probe.py), request on stdin."""
+    from train.model.probe import main
+
+    return main()
+
+
+def evaluate(run_dir: str, step: int) -> int:
+    """One rank of an evaluation job (train/evaluation/job.py)."""
+    from train.evaluation.job import run
+
+    return run(run_dir, step)
+
+
+def init_from_main() -> int:
+    """Whether model.init_from's weights fit the model (train/weights/init_weights.py), request on stdin."""
+    from train.weights.init_weights import main
+
+    return main()
+
+
+def sampling() -> ModuleType:
+    """train/model/sample.py: Sampling and sample(), for launcher/sample.py."""
+    from train.model import sample
+
+    return sample
+
+
+def weights_export() -> ModuleType:
+    """train/weights/export.py: a checkpoint's weights consolidated and written, for launcher/export.py."""
+    from train.weights import export
+
+    return export

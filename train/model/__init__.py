@@ -1,0 +1,10 @@
+"""The models a run trains.
+
+    transformer.py   slurmtrain's decoder-only transformer (GPT-2 and Llama style)
+    blocks.py        the repeated blocks of any model, found for FSDP, activation checkpointing and compile
+    build.py         a model from its config (ours, a user's `_target_`, a Hugging Face config); logits of any
+    hf.py            model=hf_causal_lm: a Hugging Face causal LM from a local config
+    sample.py        generation from a checkpoint (launcher.sample)
+    probe.py         what the launch plan needs to know of a user's model (python -m launcher.worker --probe)
+    probe_build.py   building a user's model for the probe without the memory training takes
+"""

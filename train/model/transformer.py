@@ -1,0 +1,168 @@
+"""One decoder-only transformer, sized by conf/model presets (GPT-2 and Llama 3 families)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 for stability under autocast, return in the input dtype.
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    return RMSNorm(dim) if kind == "rmsnorm" else nn.LayerNorm(dim)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [batch, heads, seq, head_dim]; rotate pairs (even, odd) by the position's angle.
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    cos, sin = cos[: x.shape[-2]].to(x.dtype), sin[: x.shape[-2]].to(x.dtype)
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.flatten(-2)
+
+
+class Attention(nn.Module):
+    """Separate q, k, v projections: tensor parallelism splits each by heads (a fused kv would split into k on one
+    rank and v on the other). `n_heads` and `n_kv_heads` are this rank's heads."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.q = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=False)
+        self.k = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
+        self.v = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
+        self.out = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if k.shape[1] != q.shape[1]:
+            repeat = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU (gate, up, down) or GELU (up, down); separate projections so that tensor parallelism splits each."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False) if cfg.mlp == "swiglu" else None
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.attn_norm = make_norm(cfg.norm, cfg.d_model)
+        self.attn = Attention(cfg)
+        self.mlp_norm = make_norm(cfg.norm, cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """Blocks in a ModuleDict keyed by layer number: the same names as a list ("blocks.3"), and a pipeline stage
+    that keeps only its own layers keeps their names, so checkpoints load across layouts. A stage without the
+    first layer has no embedding (its input is the previous stage's hidden state); one without the last has no
+    final norm and output layer."""
+
+    # The block class, declared as Hugging Face models do (train/model/blocks.py reads it): a pipeline stage may hold one.
+    _no_split_modules = ["Block"]
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
+        self.final_norm: nn.Module | None = make_norm(cfg.norm, cfg.d_model)
+        self.lm_head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        if cfg.position == "rope":
+            cos, sin = rope_tables(cfg.max_seq_len, cfg.d_model // cfg.n_heads, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        # Residual projections scaled by depth (GPT-2), so deep presets start with a sane activation scale.
+        residual_std = std / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            is_residual = name.endswith("out.weight") or name.endswith("down.weight")
+            nn.init.normal_(p, mean=0.0, std=residual_std if is_residual else std)
+
+    def keep_layers(self, layers: Collection[int]) -> None:
+        """Make this model a pipeline rank's part: only `layers` (one stage's, or several with an interleaved
+        schedule), and the embedding / output layer if it has the first / last layer."""
+        for key in [k for k in self.blocks if int(k) not in layers]:
+            del self.blocks[key]
+        if 0 not in layers:
+            self.embed = None
+            self.pos_embed = None
+        if self.cfg.n_layers - 1 not in layers:
+            self.final_norm = None
+            self.lm_head = None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(tokens)
+            if self.pos_embed is not None:
+                x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+        else:
+            x = tokens  # a later pipeline stage: the previous stage's hidden state
+        rope = (self.rope_cos, self.rope_sin) if self.cfg.position == "rope" else None
+        for block in self.blocks.values():
+            x = block(x, rope)
+        if self.lm_head is None:
+            return x
+        assert self.final_norm is not None
+        return self.lm_head(self.final_norm(x))
+
+
+def build_model(model_cfg: Any) -> Transformer:
+    return Transformer(model_cfg)

@@ -1,0 +1,132 @@
+"""One optimizer step's work: its micro batches forward and backward with accumulation (or a pipeline's
+schedule), and the state that counts the steps and samples trained (TrainState).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from train.data import (
+    IGNORE_INDEX,
+    TokenSource,
+    load_micro_batch,
+    micro_batch_indices,
+)
+from train.data.index import INDEX_VERSION
+from train.data.prefetch import BatchPrefetcher
+from train.distributed import DistEnv
+from train.faults.preemption import StopOutcome
+from train.model.build import logits_of
+from train.observe.telemetry import NO_TIMING, StepTimer
+from train.stability import faults
+from train.stability.z_loss import ZLoss
+from train.strategies.base import Strategy
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    # Global sample index of the next sample: the data position, independent of the world size.
+    samples: int = 0
+    tokens: int = 0
+    wandb_id: str | None = None
+    # The order of windows within an epoch (train/data/index.py); a checkpoint without it used version 1.
+    data_index: int = INDEX_VERSION
+
+
+@dataclass
+class TrainResult:
+    state: TrainState
+    model: torch.nn.Module
+    losses: dict[int, float]
+    # exit_code 0: finished or to be requeued; EXIT_STOPPED: checkpointed and stopped, the same command resumes.
+    outcome: StopOutcome = StopOutcome(0, None)
+
+
+# Tests set this to a directory: each rank appends the global sample indices it trains on, one line per step.
+TRACE_SAMPLES_ENV = "SLURMTRAIN_TRACE_SAMPLES"
+
+
+def trace_samples(state: TrainState, env: DistEnv, indices: list[int], strategy: Strategy | None = None) -> None:
+    trace_dir = os.environ.get(TRACE_SAMPLES_ENV)
+    if strategy is not None and strategy.layout is not None and not strategy.layout.feeds_data:
+        return  # a tensor-parallel peer or a later stage of the same replica: the same samples
+    if trace_dir:
+        with open(Path(trace_dir) / f"rank{env.rank}_world{env.world_size}.txt", "a") as f:
+            f.write(f"{state.step + 1} {' '.join(map(str, indices))}\n")
+
+
+def _no_mark() -> None:
+    pass
+
+
+def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
+               env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING,
+               mark: Callable[[], None] = _no_mark, prefetcher: BatchPrefetcher | None = None,
+               z_loss: ZLoss | None = None) -> torch.Tensor:
+    """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync). `mark`
+    counts progress inside the step (the watchdog's: a hung rank is the one that got least far). With a
+    `prefetcher` the micro batches come ready from its thread; without one they are loaded here. `z_loss`
+    (optim.z_loss): added to what is backpropagated; the returned loss is the cross-entropy alone."""
+    t = cfg.trainer
+    accum, micro_batch_size = t.grad_accum_steps, t.micro_batch_size  # once: config reads are slow
+    if strategy.pipeline is not None:
+        return pipeline_step(strategy, source, state, cfg, env, device, timer, mark)
+    loss_sum = torch.zeros((), device=device)
+    z_sum = torch.zeros((), device=device) if z_loss is not None else None
+    consumed: list[int] = []
+    for micro in range(accum):
+        idx = micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size, micro_batch_size)
+        consumed.extend(idx)
+        with timer.data():
+            if prefetcher is not None:
+                inputs, targets = prefetcher.get(idx)
+            else:
+                inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
+        if faults.ACTIVE:
+            inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
+        mark()
+        with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
+            with strategy.autocast():
+                logits = logits_of(model(inputs))
+            flat_logits, flat_targets = logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
+            if z_loss is None:
+                loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX)
+                total = loss
+            else:
+                loss, z = z_loss.losses(flat_logits, flat_targets, IGNORE_INDEX)
+                total = loss + z
+                z_sum += z.detach()  # type: ignore[operator]
+            if faults.ACTIVE:
+                total = faults.loss(total, state.step + 1, state.samples, env.rank)
+            mark()
+            strategy.backward(total / accum)
+        loss_sum += loss.detach()
+    trace_samples(state, env, consumed, strategy)
+    if z_loss is not None:
+        z_loss.last = z_sum / accum  # type: ignore[operator]
+    return loss_sum / accum
+
+
+def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any, env: DistEnv,
+                  device: torch.device, timer: StepTimer, mark: Callable[[], None]) -> torch.Tensor:
+    """A pipeline stage's step: the step's micro batches, in order, go through the schedule together."""
+    t = cfg.trainer
+    consumed: list[int] = []
+    with timer.data():
+        for micro in range(t.grad_accum_steps):
+            consumed.extend(micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size,
+                                                t.micro_batch_size))
+        inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, consumed))
+    mark()
+    with timer.synchronised(True):
+        loss = strategy.pipeline.step(inputs, targets)
+    trace_samples(state, env, consumed, strategy)
+    return loss
