@@ -131,7 +131,9 @@ def test_a_terminal_that_goes_away_changes_no_outcome(run_root: Path, terminal: 
         reader, writer = os.pipe()
     stops = terminal.endswith("Ctrl-C")
     args = _args(run_root, "gone", f"trainer.max_steps={100000 if stops else 30}", "logger.backend=wandb")
-    proc = _start(*args, stdout=writer, stderr=writer, WANDB_SILENT="false")
+    # Rank 0 takes a fifth of a second a step: the run outlives the terminal by seconds however late this process
+    # gets to close its end (a loaded machine), so rank 0 writes to a terminal that is gone.
+    proc = _start(*args, stdout=writer, stderr=writer, WANDB_SILENT="false", SLURMTRAIN_TEST_SLOW_RANK="0:0.2")
     os.close(writer)
     with os.fdopen(reader, "rb") as terminal_end:
         seen = _read_until(terminal_end, "step 1/" if terminal != "pty" else "effective batch")
