@@ -27,6 +27,8 @@ class ModelConfig:
     position: str = "rope"  # rope | learned
     mlp: str = "swiglu"  # swiglu | gelu
     norm: str = "rmsnorm"  # rmsnorm | layernorm
+    # The norms' epsilon: 1e-5 in Llama 3 and GPT-2 (Hugging Face's LlamaConfig defaults to 1e-6).
+    norm_eps: float = num(1e-5, 0, lo_open=True)
     rope_theta: float = num(10000.0, 0, lo_open=True)
     tie_embeddings: bool = True
     dropout: float = num(0.0, 0, 1, hi_open=True)

@@ -37,7 +37,7 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
 NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
                     "optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.decay_shape": "1-sqrt",
                     "optim.timescale": None, "optim.z_loss": 0.0,
-                    "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
+                    "model.norm_eps": 1e-5, "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
                     "model.init_from": None,
                     "data._target_": None, "data.args": {}, "data.sources": {}}
 

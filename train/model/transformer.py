@@ -24,8 +24,10 @@ class RMSNorm(nn.Module):
         return out.type_as(x) * self.weight
 
 
-def make_norm(kind: str, dim: int) -> nn.Module:
-    return RMSNorm(dim) if kind == "rmsnorm" else nn.LayerNorm(dim)
+def make_norm(cfg: Any) -> nn.Module:
+    # A config.yaml written before model.norm_eps existed (launcher.sample and export read it as saved) had 1e-5.
+    eps = float(getattr(cfg, "norm_eps", 1e-5))
+    return RMSNorm(cfg.d_model, eps) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model, eps=eps)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,9 +93,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: Any) -> None:
         super().__init__()
-        self.attn_norm = make_norm(cfg.norm, cfg.d_model)
+        self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg)
-        self.mlp_norm = make_norm(cfg.norm, cfg.d_model)
+        self.mlp_norm = make_norm(cfg)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -116,7 +118,7 @@ class Transformer(nn.Module):
         self.embed: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
-        self.final_norm: nn.Module | None = make_norm(cfg.norm, cfg.d_model)
+        self.final_norm: nn.Module | None = make_norm(cfg)
         self.lm_head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
