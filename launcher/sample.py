@@ -19,10 +19,10 @@ from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
+from contract.data.run_tokenizer import RunTokenizer, run_tokenizer
 from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher import compute_seam
 from launcher.export import pick_checkpoint, run_and_step
-from launcher.observe.run_tokenizer import RunTokenizer, run_tokenizer
 
 HELP = "see python -m launcher.sample --help"
 

@@ -163,6 +163,22 @@ class EvalConfig:
     # Validation during training (train/evaluation/): every this many steps and at the end; 0: off. Not a
     # training setting (validation never changes what is trained), so not part of the derived run name.
     every: int = num(0, 0)
+@dataclass
+class HarnessConfig:
+    # lm-evaluation-harness tasks (a task, group or tag name lm_eval knows, or one of eval.harness.include_path's
+    # YAMLs) scored wherever validation runs: in the loop (eval.every), evaluation jobs, launcher.evaluate
+    # (contract/rules/harness.py, train/evaluation/harness.py). Each must read local files only (checked at launch).
+    tasks: list[str] = field(default_factory=list)
+    # Few-shot examples per prompt; None: each task's own default.
+    num_fewshot: int | None = num(None, 0)
+    # Documents per task: a count (1 or more), or a fraction of each task's documents below 1; None: all of them.
+    limit: float | None = num(None, 0, lo_open=True)
+    # Requests per forward pass on each data-parallel rank.
+    batch_size: int = num(8, 1)
+    # A directory of task YAMLs of your own (lm_eval's include_path), searched before lm_eval's own tasks.
+    include_path: str | None = path_key(None)
+
+
     # Batches of trainer.global_batch_size samples per set: the same samples every time, on any world size.
     batches: int = num(4, 1)
     # Also evaluate the initial weights, at step 0.
@@ -184,6 +200,8 @@ class EvalConfig:
 @dataclass
 class StabilityConfig:
     # Checks on the device before every optimizer update (train/stability/): a step whose gradient norm is not finite
+    # Downstream scores beside the validation losses (lm-evaluation-harness): eval.harness.tasks=[...].
+    harness: HarnessConfig = field(default_factory=HarnessConfig)
     # (or that the spike rule flags) is not applied, with no host synchronisation. false: no checks (benchmarks).
     enabled: bool = True
     # What follows a non-finite step: skip (count it and go on; after skip_limit skipped steps in a row, roll back),

@@ -4,5 +4,4 @@ are the contract's: contract/rundir/.)
     runs.py            the runs a directory stands for (a run, a sweep, a run root), their configs and job ids
     run_rows.py        one row per run: state, step, checkpoint, losses, attempt ends, goodput, hours
     validation_log.py  a run's validation losses, in-loop or from evaluation jobs
-    run_tokenizer.py   the tokenizer a run trained with, from its config (launcher.sample encodes and decodes)
 """
