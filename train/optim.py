@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from train.schedules import Schedule
-from train.schedules import cosine_factor as lr_factor  # noqa: F401 - the default schedule, by its old name
+from contract.rules.schedules import Schedule
+from contract.rules.schedules import cosine_factor as lr_factor  # noqa: F401 - the default schedule, by its old name
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
