@@ -6,6 +6,7 @@
     eval_jobs.py          evaluation jobs: which steps get one, their checks (the design)
     eval_job_script.py    an evaluation job's config and script (checked at launch, submitted by rank 0)
     eval_sets.py          eval.sets resolved and checked
+    harness.py            eval.harness.tasks checked at launch (known, on disk, offline), their result keys
     stability_checks.py   stability.* settings checked
     init_source.py        where model.init_from points, resolved without torch
     hf_config.py          model=hf_causal_lm: the local Hugging Face config, read as plain JSON

@@ -124,7 +124,11 @@ def _seed(key: str, raw: Any) -> int:
 
 
 def check_eval(cfg: Any) -> None:
-    """Launch-time refusals: validation with a pipeline, sets that don't resolve or have nothing to read."""
+    """Launch-time refusals: validation with a pipeline, sets that don't resolve or have nothing to read, harness
+    tasks that can't be scored (contract/rules/harness.py)."""
+    from contract.rules.harness import check_harness
+
+    check_harness(cfg)
     if not enabled(cfg) and not jobs_enabled(cfg):
         section = eval_section(cfg)
         if section is not None and section.get("at_start"):
