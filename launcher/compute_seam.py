@@ -6,6 +6,7 @@ are typed, with no job around them, and one entry lives under `launcher` for its
     export      launcher/export.py consolidates a checkpoint's weights (any strategy, any world size) into one file
     sample      launcher/sample.py generates from a checkpoint on this machine
     the worker  launcher/worker.py is the compute-side entry as we start it (local workers, submitit's pickled
+    evaluate    launcher/evaluate.py submits evaluation jobs of its own (the sbatch call training's rank 0 makes)
                 `launcher.worker.run`, the sbatch scripts, evaluation jobs); going through `launcher` keeps our `train`
                 package ahead of a user's own train.py in the working directory
 Each function imports train/ only when called, so importing this module never imports torch.
@@ -16,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+from typing import Any
 
 def train(config_path: str | Path) -> int:
     """One rank of a run from its resolved config (train/entry.py)."""
@@ -37,11 +39,18 @@ def probe_main() -> int:
     return main()
 
 
-def evaluate(run_dir: str, step: int) -> int:
-    """One rank of an evaluation job (train/evaluation/job.py)."""
+def evaluate(run_dir: str, step: int, config: str | None = None) -> int:
+    """One rank of an evaluation job (train/evaluation/job.py); `config`: launcher.evaluate's."""
     from train.evaluation.job import run
 
-    return run(run_dir, step)
+    return run(run_dir, step, config)
+
+
+def submit_evaluation(cfg: Any, run_dir: Path, step: int, config: Path) -> str:
+    """sbatch an evaluation job of step N with launcher.evaluate's config (train/evaluation/submit.py, torch-free)."""
+    from train.evaluation.submit import submit_evaluation
+
+    return submit_evaluation(cfg, run_dir, step, config)
 
 
 def init_from_main() -> int:

@@ -143,6 +143,11 @@ def check_eval(cfg: Any) -> None:
     if pp > 1 and jobs_enabled(cfg):  # in-loop validation runs the pipeline's own schedule forward only
         raise ConfigError(f"{asked(cfg)} with parallel.pp={pp}: evaluation jobs have no pipeline layout yet; set "
                           "eval.async_jobs=false and eval.every=N (in-loop validation) or train with parallel.pp=1")
+    check_sets(cfg)
+
+
+def check_sets(cfg: Any) -> None:
+    """Every val or tokens set names what it can read (launcher.evaluate checks them so too)."""
     for name, entry in resolved_sets(cfg).items():
         if entry["kind"] in ("val", "tokens"):
             _check_tokens(cfg, name, entry)
