@@ -10,6 +10,9 @@ e.g. outputs/): a run root gets one figure of each kind overlaying every run bel
                                gradient norm; on the loss panel, each validation set's loss (in-loop or from
                                evaluation jobs) in the run's colour, dotted with circles, a dash pattern per set
     tokens_per_s.png           one line per run
+    harness.png                with eval.harness.tasks: each task's scores against the step (error bars: their
+                               stderr), one panel per task, each run's validation loss dotted on the right axis
+                               (launcher/observe/harness_figure.py)
     final_loss_vs_<key>.png    sweeps only, one per swept key: the final loss of each finished point
 
 The training figures read the rows of training steps only (metrics_file.training_rows): a row of validation alone
@@ -103,6 +106,10 @@ def write_report(path: Path, target: Target, title: str) -> list[Path]:
     written = [save(training_figure(target.runs, title), path / "loss.png")]
     written += [save(line_figure(metric_series(target.runs, key), label, title), path / f"{key}.png")
                 for key, label in METRICS.items()]
+    from launcher.observe.harness_figure import harness_figure
+
+    scores = harness_figure(target.runs, title)
+    written += [save(scores, path / "harness.png")] if scores is not None else []
     if target.sweep is not None:
         for key in dict.fromkeys(map(override_key, target.sweep.swept)):
             fig = final_loss_figure(final_losses(target.sweep, target.runs, key), key, title)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import EXIT_BAD_INPUT, ConfigError
-from contract.rundir import eval_results, metrics_file, validation_log
+from contract.rundir import eval_results, harness_scores, metrics_file, validation_log
 from launcher.observe.run_rows import Row, collect, total
 from launcher.observe.runs import Target, find_runs
 
@@ -93,6 +93,7 @@ def snapshot(path: Path, target: Target, clock: bool = False) -> Any:
     notes += [Text(f"{row.name}: {note}", style="red") for row in rows for note in row.corruption]
     notes += [Text(f"{row.name}: {note}", style="yellow") for row in rows for note in row.stability]
     notes += [Text(f"{row.name}: {eval_results.describe(row.evaluation)}") for row in rows if row.evaluation]
+    notes += [Text(f"{row.name}: {harness_scores.line(row.harness)}") for row in rows if row.harness]
     return Group(table(rows, total(rows) if target.sweep is not None else None, title), *notes)
 
 

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.rules import blowup
-from contract.rundir import accounting, ckpt_layout, eval_results, events, metrics_file, validation_log
+from contract.rundir import (
+    accounting,
+    ckpt_layout,
+    eval_results,
+    events,
+    harness_scores,
+    metrics_file,
+    validation_log,
+)
 from contract.rundir import environment as environment_errors
 from contract.rundir.metrics_file import read_metrics
 from launcher.observe.runs import DAMAGED, RunRef, Target, load_config, merge_jobs
@@ -47,6 +55,9 @@ class Row:
     ending: str | None = None
     # eval.async_jobs: the newest evaluated step, its losses by set and the job; the steps still awaiting theirs.
     evaluation: dict[str, Any] | None = None
+    # eval.harness.tasks: the newest scored step and its scores, in-loop or from an evaluation (contract/rundir/
+    # harness_scores.py): {"step": N, "scores": {"harness/TASK/METRIC": V, "harness/TASK/METRIC_stderr": E}}.
+    harness: dict[str, Any] | None = None
     # Silent data corruption found by the replica check: one line each, naming the ranks and hosts.
     corruption: list[str] = field(default_factory=list)
     # Rollbacks with the sample ranges they skip, and the steps not applied (train/stability): one line each.
@@ -138,6 +149,7 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
         row.ending = attempt_ends[-1].get("message")
     row.config_damage = damage
     row.validation = validation_log.last_losses(run.run_dir)
+    row.harness = harness_scores.latest(run.run_dir)
     if not run.jobs:
         final = final_end(attempt_ends, events.last_local_attempt(run.run_dir))
         ended = events.ending_state(attempt_ends, final)
