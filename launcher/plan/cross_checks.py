@@ -56,6 +56,7 @@ def _check_model(cfg: DictConfig) -> None:
 
 
 def _check_strategy(cfg: DictConfig, world: int) -> None:
+    from contract.rules.optimizers import strategy_refusal
     from contract.rules.strategy_names import REGISTRY
 
     s = cfg.strategy
@@ -72,6 +73,9 @@ def _check_strategy(cfg: DictConfig, world: int) -> None:
         if cfg.precision.name == "fp16" and not has_gpus(cfg):
             raise ConfigError(f"precision=fp16 with strategy={s.name} needs GPUs (DeepSpeed's CPU accelerator has "
                               "no fp16 here): use precision=bf16 or precision=fp32")
+    optim_refusal = strategy_refusal(cfg.optim.name, s)
+    if optim_refusal:
+        raise ConfigError(optim_refusal)
     if s.name == "hsdp" and s.replicate_degree and world % s.replicate_degree:
         raise ConfigError(f"strategy.replicate_degree={s.replicate_degree} does not divide the world size "
                           f"{world}: pick a divisor of {world}")

@@ -17,6 +17,7 @@ from contract.rules.eval_jobs import check_eval_jobs, jobs_enabled
 from contract.rules.eval_sets import check_eval, repeat_warning, resolved_sets, set_spec
 from contract.rules.eval_sets import enabled as eval_enabled
 from contract.rules.eval_sets import plan_line as eval_plan_line
+from contract.rules.optimizers import check_optim, plan_line
 from contract.rules.stability_checks import check_stability
 from launcher.checks.cluster_checks import validate_cluster
 from launcher.checks.group_names import settle_names
@@ -78,6 +79,8 @@ class Plan:
     data_lines: tuple[str, ...] = ()
     # Which weights the run starts from (launcher/plan/init_from.py), and a warning where that may surprise.
     weights_lines: tuple[str, ...] = ()
+    # The optimizer, what weight decay skips and its state per parameter (contract/rules/optimizers.py).
+    optim_line: str = ""
 
     @property
     def gpu_hours(self) -> float:
@@ -113,6 +116,8 @@ class Plan:
             reasons = "; ".join(self.fit.strategy_reasons)
             lines.append(f"  strategy {self.strategy}" + (f" (auto: {reasons})" if reasons else ""))
             lines.append(f"  {self.fit.line()}")
+        if self.optim_line:
+            lines.append(f"  {self.optim_line}")
         if self.lr:
             lines.append(f"  learning rate {self.lr:.4g}{self.lr_note}")
         if self.budget is not None:
@@ -172,6 +177,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     check_inputs(cfg)
     check_eval(cfg)
     check_stability(cfg)
+    check_optim(cfg.optim)
     if cfg.strategy.name != "auto":
         _check_strategy(cfg, world)
     shape, shape_note = model_shape(cfg, world)
@@ -241,6 +247,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch) + tuple(
             line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
         weights_lines=weights_lines(cfg, run_dir, world),
+        optim_line=plan_line(cfg.optim, None if shape is None else shape.optimizer_bytes_per_param(cfg.optim)),
         **_reservation(cfg),
     )
 

@@ -83,7 +83,8 @@ def probe(cfg: DictConfig, world_size: int) -> Probe:
     if "facts" in answer:
         f = answer["facts"]
         shape = ModelShape(f["n_params"], f["block_params"], f["n_blocks"], f["largest_root"], f["root"],
-                           f["largest_param"], None, None, f["flops_per_token"] if f["flops_source"] == "model" else None)
+                           f["largest_param"], None, None, f["flops_per_token"] if f["flops_source"] == "model" else None,
+                           param_shapes=tuple((tuple(s), bool(hidden)) for s, hidden in f.get("param_shapes", ())) or None)
         return Probe(shape, answer.get("note", ""))
     if answer.get("kind") in ("target", "config"):
         raise ConfigError(answer["error"])

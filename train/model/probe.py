@@ -40,7 +40,8 @@ def facts(model: Any, model_cfg: Any, seq_len: int, strategy_cfg: Any) -> dict[s
     blocks = blocks_for(model, model_cfg, strategy_cfg)
     in_blocks = {id(p) for _, b in blocks for p in b.parameters()}
     root = {id(p): p for p in model.parameters() if id(p) not in in_blocks}
-    sizes = [p.numel() for p in {id(p): p for p in model.parameters()}.values()]
+    unique = {id(p): p for p in model.parameters()}.values()
+    sizes = [p.numel() for p in unique]
     fpt, source = flops_per_token(model, model_cfg, seq_len)
     return {
         "n_params": count_parameters(model),
@@ -53,6 +54,9 @@ def facts(model: Any, model_cfg: Any, seq_len: int, strategy_cfg: Any) -> dict[s
         "flops_per_token": fpt,
         "flops_source": source,
         "embedding_rows": embedding_rows(model),
+        # What the optimizer state is sized by: each trainable parameter's shape, and whether Muon steps it (a 2-D
+        # weight of a block).
+        "param_shapes": [[list(p.shape), id(p) in in_blocks and p.dim() == 2] for p in unique if p.requires_grad],
     }
 
 
