@@ -1,8 +1,9 @@
 """A multiple-choice lm-evaluation-harness task written for the tests, and a corpus that teaches its pattern.
 
-The pattern: in the byte-tokenized text, each letter is followed by the next letter of the alphabet (after z, a).
-The task (`pattern`): a run of letters, and four one-letter continuations, one of them the next letter: chance is
-1/4, a model that learned the pattern picks it. Its YAML reads a local JSONL (dataset_path: json), as a user's task
+The pattern: in the byte-tokenized text, a run of letters of the alphabet, a colon and the letter that comes next
+(after z, a): "klmno:p". The task (`pattern`): a run and its colon, and four one-letter continuations, one of them the
+next letter: chance is 1/4, a model that learned the pattern picks it. Every context ends with the colon, so an
+untrained model's leaning (mostly a function of the last token) is the same for every document. Its YAML reads a local JSONL (dataset_path: json), as a user's task
 does offline.
 """
 
@@ -32,7 +33,9 @@ def write_pattern_data(root: Path, docs: int = 400, seed: int = 0) -> Path:
     def stream(n: int) -> list[int]:
         ids: list[int] = []
         for _ in range(n):
-            ids += list(_run_of_letters(rng, rng.randrange(20, 80)).encode()) + [EOD]
+            segments = [_run_of_letters(rng, rng.randrange(3, 8)) for _ in range(rng.randrange(3, 8))]
+            text = " ".join(f"{run[:-1]}:{run[-1]}" for run in segments)
+            ids += list(text.encode()) + [EOD]
         return ids
 
     write_prepared(root, [stream(docs)], [stream(docs // 4)])
@@ -52,7 +55,7 @@ def write_pattern_task(directory: Path, docs: int = 200, seed: int = 1, name: st
         letters = [LETTERS[(offset + 6 * k) % len(LETTERS)] for k in range(CHOICES)]
         for right in letters:
             end = LETTERS.index(right) - 1
-            context = "".join(LETTERS[(end - i) % len(LETTERS)] for i in reversed(range(rng.randrange(2, 6))))
+            context = "".join(LETTERS[(end - i) % len(LETTERS)] for i in reversed(range(rng.randrange(2, 6)))) + ":"
             choices = rng.sample(letters, CHOICES)
             rows.append({"context": context, "choices": choices, "gold": choices.index(right)})
     rng.shuffle(rows)
