@@ -170,7 +170,16 @@ class PrecisionConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = num(100, 1)
+    # How long the run trains: trainer.max_steps, or a budget the launch plan converts to steps (the first step that
+    # reaches it) and writes into the ranks' config.yaml as trainer.max_steps, which the schedule, the loop, evaluation
+    # jobs and status read (launcher/plan/run_length.py). None of them typed: 100 steps. Not part of the run name: the
+    # same command with a larger budget extends the run.
+    max_steps: int | None = num(None, 1)
+    # Input tokens, global batch x data.seq_len a step (2e12 may be typed; a whole number).
+    max_tokens: float | None = num(None, 1)
+    # Passes over data.path's samples, or over the mixture source trainer.epochs_of names (0.5: half of one).
+    max_epochs: float | None = num(None, 0, lo_open=True)
+    epochs_of: str | None = None
     micro_batch_size: int = num(8, 1)
     # None: derived from global_batch_size (or 1 when that is unset too).
     grad_accum_steps: int | None = num(None, 1)

@@ -92,6 +92,8 @@ SYNONYMS = {
     "batch_size": "trainer.micro_batch_size", "per_device_train_batch_size": "trainer.micro_batch_size",
     "max_iters": "trainer.max_steps", "num_steps": "trainer.max_steps", "train_steps": "trainer.max_steps",
     "steps": "trainer.max_steps", "log_interval": "trainer.log_every", "logging_steps": "trainer.log_every",
+    "max_epochs": "trainer.max_epochs", "num_train_epochs": "trainer.max_epochs", "epochs": "trainer.max_epochs",
+    "train_tokens": "trainer.max_tokens", "max_tokens": "trainer.max_tokens", "tokens": "trainer.max_tokens",
     "save_every": "trainer.ckpt_every", "save_steps": "trainer.ckpt_every", "checkpoint_every": "trainer.ckpt_every",
     "eval_every": "eval.every", "eval_interval": "eval.every", "val_every": "eval.every", "eval_steps": "eval.every",
     "eval_iters": "eval.batches", "hidden_size": "model.d_model", "n_embd": "model.d_model",

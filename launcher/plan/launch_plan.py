@@ -45,6 +45,7 @@ from launcher.plan.parallel import (
 )
 from launcher.plan.paths import make_absolute, run_name
 from launcher.plan.probe import needs_probe, probe
+from launcher.plan.run_length import settle_length
 from launcher.plan.world import local_gpu_count, tasks_per_node, world_size
 
 
@@ -79,6 +80,9 @@ class Plan:
     data_lines: tuple[str, ...] = ()
     # Which weights the run starts from (launcher/plan/init_from.py), and a warning where that may surprise.
     weights_lines: tuple[str, ...] = ()
+    # The steps a trainer.max_tokens or trainer.max_epochs budget converts to (launcher/plan/run_length.py).
+    max_steps: int = 0
+    length_line: str = ""
     # The optimizer, what weight decay skips and its state per parameter (contract/rules/optimizers.py).
     optim_line: str = ""
 
@@ -118,6 +122,8 @@ class Plan:
             lines.append(f"  {self.fit.line()}")
         if self.optim_line:
             lines.append(f"  {self.optim_line}")
+        if self.length_line:
+            lines.append(f"  {self.length_line}")
         if self.lr:
             lines.append(f"  learning rate {self.lr:.4g}{self.lr_note}")
         if self.budget is not None:
@@ -133,7 +139,10 @@ class Plan:
             "grad_accum_steps": self.grad_accum_steps, "global_batch_size": self.global_batch_size,
             "tokens_per_step": self.tokens_per_step, "n_params": self.n_params, "strategy": self.strategy,
             "lr": self.lr, "gpus": self.gpus, "gpu_hours_reserved_per_attempt": self.gpu_hours,
+            "max_steps": self.max_steps,
         }
+        if self.length_line:
+            out["length"] = self.length_line.removeprefix("length: ")
         if self.fit is not None:
             out["memory_gb"] = self.fit.estimate.as_gb()
             out["capacity_gb"] = None if self.fit.capacity.bytes is None else round(self.fit.capacity.bytes / GB, 3)
@@ -207,6 +216,9 @@ def make_plan(cfg: DictConfig) -> Plan:
     accum = _resolve_accumulation(cfg, dp)
     check_micro_batches(degrees, accum)
     global_batch = cfg.trainer.micro_batch_size * accum * dp
+    # Before anything reads trainer.max_steps (evaluation jobs, the schedule, the budget): a token or epoch budget
+    # becomes it here.
+    length = settle_length(cfg, global_batch, int(cfg.data.seq_len))
     check_eval_jobs(cfg, global_batch, tasks_per_node(cfg.cluster) if cfg.cluster is not None else 1)
     unbuilt = not_built(cfg, degrees)
     if unbuilt and not cfg.launcher.dry_run:
@@ -248,6 +260,8 @@ def make_plan(cfg: DictConfig) -> Plan:
             line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
         weights_lines=weights_lines(cfg, run_dir, world),
         optim_line=plan_line(cfg.optim, None if shape is None else shape.optimizer_bytes_per_param(cfg.optim)),
+        max_steps=length.steps,
+        length_line=length.line,
         **_reservation(cfg),
     )
 

@@ -21,6 +21,8 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  # The layout: a run may resume on another one (DCP reshards).
                  "parallel",
                  "trainer.max_steps",
+                 # A budget the plan converts to trainer.max_steps: how long the run goes, like it.
+                 "trainer.max_tokens", "trainer.max_epochs", "trainer.epochs_of",
                  # The end of a wsd stable phase, like trainer.max_steps how long the run goes: extending a run may
                  # move it (the plan says what the rate does across the resume).
                  "optim.decay_start_step",
