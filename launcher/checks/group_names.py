@@ -19,7 +19,7 @@ from omegaconf import DictConfig, open_dict
 
 from contract.errors import ConfigError
 from contract.rules.optimizers import OPTIMIZERS
-from launcher.checks.overrides import override_key, typed_for
+from launcher.checks.overrides import override_key, typed_exactly, typed_for
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "data", "optim", "strategy", "precision")
@@ -50,8 +50,8 @@ def default_choices() -> dict[str, str]:
 
 def group_choice(group: str) -> str | None:
     """The option chosen for `group`: as typed (`model=mine`), else our default."""
-    typed = typed_for(group)
-    if typed is not None and override_key(typed) == group and "=" in typed:
+    typed = typed_exactly(group)
+    if typed is not None:
         return typed.split("=", 1)[1]
     return default_choices().get(group)
 

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from contract.errors import ConfigError
 from contract.rules.hf_config import HF_TARGET, apply_hf_config
+from launcher.checks.overrides import typed_for
 from launcher.plan.parallel import (
     MIN_MICRO_PER_STAGE,
 )
@@ -39,7 +40,7 @@ def _check_model(cfg: DictConfig) -> None:
         raise ConfigError(f"model={m.name} needs a local Hugging Face config: add model.config_path=PATH "
                           "(a config.json or its directory)")
     if m.config_path is not None:
-        apply_hf_config(cfg)
+        apply_hf_config(cfg, [k for k in ("vocab_size", "max_seq_len") if typed_for(f"model.{k}") is not None])
     if m.get("_target_"):
         return
     if m.d_model % m.n_heads:

@@ -34,6 +34,7 @@ from launcher.plan.estimate import GB, ModelShape
 from launcher.plan.fit import Budget, Fit, budget, check_fit, scaled_lr
 from launcher.plan.init_from import normalize as normalize_init_from
 from launcher.plan.init_from import weights_lines
+from launcher.plan.init_shape import settle_shape
 from launcher.plan.lr_schedule import schedule_note
 from launcher.plan.parallel import (
     check_composable,
@@ -181,8 +182,9 @@ def make_plan(cfg: DictConfig) -> Plan:
         validate_cluster(cfg)
     world = world_size(cfg)
     _check_ranges(cfg, world)
-    _check_model(cfg)
     normalize_init_from(cfg)  # before the probe and the run name, which read it
+    shape_lines = settle_shape(cfg)  # model.init_from's shape, before anything reads the model's keys
+    _check_model(cfg)
     check_inputs(cfg)
     check_eval(cfg)
     check_stability(cfg)
@@ -258,7 +260,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         layout_lines=tuple(summary_lines(degrees, world, accum)),
         data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch) + tuple(
             line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
-        weights_lines=weights_lines(cfg, run_dir, world),
+        weights_lines=weights_lines(cfg, run_dir, world) + shape_lines,
         optim_line=plan_line(cfg.optim, None if shape is None else shape.optimizer_bytes_per_param(cfg.optim)),
         max_steps=length.steps,
         length_line=length.line,
