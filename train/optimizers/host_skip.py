@@ -25,7 +25,10 @@ class SkipOnHost:
 
 
 class SGD(SkipOnHost, torch.optim.SGD):
-    pass
+    def step(self, closure: Any = None) -> Any:
+        if self.defaults.get("fused"):  # the fused kernel takes the verdict on the device
+            return torch.optim.SGD.step(self, closure)
+        return super().step(closure)
 
 
 class Lion(SkipOnHost, lion_pytorch.Lion):
