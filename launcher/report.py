@@ -5,7 +5,8 @@ e.g. outputs/): a run root gets one figure of each kind overlaying every run bel
 `--overlay OUT` overlays the runs of every DIR given instead (loss.png and tokens_per_s.png), written into OUT.
 
     loss.png                   three panels over the step, one line per run in the same colour in each (a sweep's
-                               points labelled by their swept values): the loss, the learning rate (on a log axis
+                               points labelled by their swept values): the loss (faint as logged, under its
+                               smoothed line: TensorBoard's moving average, --smoothing), the learning rate (on a log axis
                                when the runs' peak rates span more than 10x, as in a learning-rate sweep) and the
                                gradient norm; on the loss panel, each validation set's loss (in-loop or from
                                evaluation jobs) in the run's colour, dotted with circles, a dash pattern per set
@@ -30,6 +31,7 @@ imported inside the functions: `launcher.status` and the rest of the launcher ne
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections import Counter
@@ -40,6 +42,7 @@ from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.checks.overrides import override_key
 from launcher.observe.figures import (
     METRICS,
+    SMOOTHING,
     final_loss_figure,
     final_losses,
     line_figure,
@@ -102,8 +105,8 @@ def out_dir(path: Path) -> Path:
     return path
 
 
-def write_report(path: Path, target: Target, title: str) -> list[Path]:
-    written = [save(training_figure(target.runs, title), path / "loss.png")]
+def write_report(path: Path, target: Target, title: str, smoothing: float = SMOOTHING) -> list[Path]:
+    written = [save(training_figure(target.runs, title, smoothing), path / "loss.png")]
     written += [save(line_figure(metric_series(target.runs, key), label, title), path / f"{key}.png")
                 for key, label in METRICS.items()]
     from launcher.observe.harness_figure import harness_figure
@@ -117,14 +120,31 @@ def write_report(path: Path, target: Target, title: str) -> list[Path]:
     return written
 
 
+def smoothing_weight(text: str) -> float:
+    """--smoothing's weight; ConfigError (one line) unless 0 <= weight < 1."""
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = math.nan
+    if not 0 <= weight < 1:
+        raise ConfigError(f"--smoothing {text} is not a weight in [0, 1): pass --smoothing 0.6 (TensorBoard's "
+                          "default; higher is smoother) or --smoothing 0 for the logged loss alone")
+    return weight
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a run directory, a sweep directory or a run.root")
     parser.add_argument("--overlay", type=Path, metavar="OUT",
                         help="draw the runs of every DIR together (loss.png and tokens_per_s.png, one line per run) "
                              "into the directory OUT, made if missing, instead of a report in each DIR")
+    parser.add_argument("--smoothing", metavar="WEIGHT", default=str(SMOOTHING),
+                        help="loss.png's smoothed training loss over the faint logged one: TensorBoard's exponential "
+                             f"moving average of this weight, 0 <= WEIGHT < 1 (default {SMOOTHING}; 0: the logged "
+                             "loss alone)")
     args = parser.parse_args(argv)
     try:
+        smoothing = smoothing_weight(args.smoothing)
         # Every DIR checked before anything is written.
         if args.overlay is not None:
             loaded = [(out_dir(args.overlay), *overlay(args.dirs))]
@@ -134,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             for _, damage in damaged_runs(target):
                 print(f"warning: {damage}", file=sys.stderr)
             path.mkdir(parents=True, exist_ok=True)
-            for written in write_report(path, target, title):
+            for written in write_report(path, target, title, smoothing=smoothing):
                 print(written)
     except (ConfigError, OSError) as err:
         message = err if isinstance(err, ConfigError) else f"cannot write the plots: {err}; check the directory"

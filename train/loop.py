@@ -16,6 +16,7 @@ import torch
 
 from contract.config.schema import TrainerConfig
 from contract.data.fingerprint import data_fingerprint, refuse_changed_data
+from contract.rules.log_backends import backends
 from contract.rundir.events import settle_steps_lost
 from train import distributed
 from train.checkpoints.manager import CheckpointManager
@@ -72,7 +73,7 @@ def resumed_state(saved: dict[str, Any]) -> TrainState:
 
 
 def new_wandb_id(cfg: Any, env: DistEnv) -> str | None:
-    if not env.is_main or cfg.logger.backend != "wandb":
+    if not env.is_main or "wandb" not in backends(cfg.logger.backend):
         return None
     from wandb.sdk.lib.runid import generate_id
 

@@ -47,8 +47,10 @@ class LocalConfig:
 
 @dataclass
 class LoggerConfig:
-    backend: str = "wandb"  # wandb | none
-    # offline by default: nothing leaves the machine unless the user opts in.
+    # wandb | tensorboard (RUN_DIR/tensorboard/) | none, or both as a list: logger.backend=[wandb,tensorboard]
+    # (contract/rules/log_backends.py). metrics.jsonl is written whatever this says.
+    backend: Any = "wandb"
+    # wandb's: offline by default, nothing leaves the machine unless the user opts in.
     mode: str = "offline"  # offline | online | disabled
     project: str = "slurmtrain"
     entity: str | None = None

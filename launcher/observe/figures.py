@@ -46,6 +46,12 @@ LEGEND_COLUMNS = 4
 VALIDATION_STYLES = (":", "--", "-.", (0, (1, 3)), (0, (5, 2, 1, 2, 1, 2)))  # one per validation set, in order
 
 
+SMOOTHING = 0.6  # the training loss's smoothed line: TensorBoard's default weight (launcher.report --smoothing)
+
+
+RAW_ALPHA = 0.3  # the logged values under a smoothed line
+
+
 @dataclass
 class Series:
     label: str
@@ -133,16 +139,37 @@ def mark_top_edge(ax: Axes, xs: list[Any], color: str, note: str, index: int) ->
                 textcoords="offset points", color=color, fontsize="small")
 
 
-def draw_series(ax: Axes, series: list[Series], name: str) -> None:
-    """One line per series, drawn to its last finite value; its nan and inf values marked (mark_top_edge)."""
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average (each value `weight` of the average before it and
+    1 - `weight` of itself), debiased so that it starts at the first value rather than at 0; a non-finite value is
+    passed through and left out of the average."""
+    out, average, finite = [], 0.0, 0
+    for value in values:
+        if not math.isfinite(value):
+            out.append(value)
+            continue
+        average, finite = average * weight + (1 - weight) * value, finite + 1
+        out.append(average / (1 - weight**finite))
+    return out
+
+
+def draw_series(ax: Axes, series: list[Series], name: str, smoothing: float = 0.0) -> None:
+    """One line per series, drawn to its last finite value; its nan and inf values marked (mark_top_edge). With
+    `smoothing` (0 < weight < 1): the line of the logged values faint, and their smoothed line over it in the same
+    colour (gid "smoothed", no legend entry of its own)."""
     noted = 0
     for s in series:
         bad = s.nonfinite()
         note = f"{name} {number_text(bad[0][1])} from step {bad[0][0]}" if bad else ""
         finite = [v if math.isfinite(v) else math.nan for v in s.values]
+        smooth = smoothing > 0 and len(s.values) > 1
         # Dots too where values are missing: a finite point between non-finite ones has no segment to draw.
         ax.plot(s.steps, finite, linestyle=s.style, marker=s.marker or ("." if bad else ""), color=s.color,
-                markersize=4, label=f"{s.label} ({note})" if bad else s.label)
+                markersize=4, label=f"{s.label} ({note})" if bad else s.label, alpha=RAW_ALPHA if smooth else None)
+        if smooth:
+            line = [v if math.isfinite(v) else math.nan for v in smoothed(s.values, smoothing)]
+            [drawn] = ax.plot(s.steps, line, linestyle=s.style, color=s.color, label=f"_{s.label} smoothed")
+            drawn.set_gid("smoothed")
         if bad:
             mark_top_edge(ax, [step for step, _ in bad], s.color, note, noted)
             noted += 1
@@ -175,14 +202,15 @@ def line_figure(series: list[Series], ylabel: str, title: str) -> Figure:
     return fig
 
 
-def training_figure(runs: list[RunRef], title: str) -> Figure:
-    """loss.png: the loss, the learning rate and the gradient norm, stacked over one step axis; the legend on top."""
+def training_figure(runs: list[RunRef], title: str, smoothing: float = SMOOTHING) -> Figure:
+    """loss.png: the loss (smoothed over its faint logged values, draw_series), the learning rate and the gradient
+    norm, stacked over one step axis; the legend on top."""
     fig = _figure(TRAINING_FIGSIZE_IN)
     axes = fig.subplots(len(PANELS), 1, sharex=True)
     set_handles: list[Any] = []
     for ax, (key, label) in zip(axes, PANELS.items(), strict=True):
         series = metric_series(runs, key)
-        draw_series(ax, series, label)
+        draw_series(ax, series, label, smoothing if key == "loss" else 0.0)
         if key == "loss":
             set_handles = draw_validation(ax, runs)
         ax.set_ylabel(label)
@@ -196,6 +224,9 @@ def training_figure(runs: list[RunRef], title: str) -> Figure:
     axes[-1].set_xlabel("step")
     if axes[0].get_lines():
         legend_above(fig, axes[0].get_legend_handles_labels()[0] + set_handles)
+        for handle in fig.legends[0].legend_handles:  # a run's colour at full strength, as its smoothed line
+            if handle is not None:
+                handle.set_alpha(None)
     return fig
 
 

@@ -1,4 +1,5 @@
-"""Rank-tagged logging, metrics.jsonl, wandb and the rank-0 progress bar."""
+"""Rank-tagged logging, metrics.jsonl, wandb, TensorBoard (train/observe/tensorboard_log.py) and the rank-0
+progress bar."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contract.rules.log_backends import backends
 from contract.rundir import env_faults, metrics_file
 from train.distributed import DistEnv
 
@@ -44,6 +46,7 @@ class MetricsLogger:
         self.max_steps = max_steps
         self.path = run_dir / metrics_file.FILE_NAME
         self.wandb_run: Any = None
+        self.tensorboard: Any = None
         self.progress: Any = None
         self._last_time = time.perf_counter()
         self._last_tokens = 0
@@ -55,8 +58,13 @@ class MetricsLogger:
             return
         # Also at step 0: an attempt that died before its first checkpoint left rows that are redone now.
         self._drop_rows_after(step)
-        if self.cfg.logger.backend == "wandb":
+        chosen = backends(self.cfg.logger.backend)
+        if "wandb" in chosen:
             self.wandb_run = _init_wandb(self.cfg, self.run_dir, wandb_id, config)
+        if "tensorboard" in chosen:
+            from train.observe.tensorboard_log import TensorBoardLog
+
+            self.tensorboard = TensorBoardLog(self.run_dir, step)
         if self.cfg.trainer.progress_bar and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -78,6 +86,8 @@ class MetricsLogger:
         self._last_time, self._last_tokens = time.perf_counter(), tokens
         if self.enabled:
             self._drop_rows_after(step)
+            if self.tensorboard is not None:
+                self.tensorboard.restart(step)
 
     def _drop_rows_after(self, step: int) -> None:
         """On resume, rows past the checkpoint were logged by an attempt whose later steps are redone."""
@@ -122,6 +132,8 @@ class MetricsLogger:
             f.write(metrics_file.encode_row(row) + "\n")  # strict JSON: a non-finite value is written as text
         if self.wandb_run is not None:
             self.wandb_run.log(wandb_values(row), step=step)
+        if self.tensorboard is not None:
+            self.tensorboard.log(row)
         if self.progress is None and "loss" in row:  # a validation row of its own has no training loss
             log.info(
                 "step %d/%d loss %.4f lr %.3g tok/s %.0f%s",
@@ -144,6 +156,8 @@ class MetricsLogger:
             self._reroute_stream_handlers(sys.stderr)
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def telemetry_text(row: dict[str, Any]) -> str:
