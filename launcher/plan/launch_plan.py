@@ -46,7 +46,7 @@ from launcher.plan.parallel import (
 )
 from launcher.plan.paths import make_absolute, run_name
 from launcher.plan.probe import needs_probe, probe
-from launcher.plan.run_length import settle_length
+from launcher.plan.run_length import length_key, settle_length
 from launcher.plan.world import local_gpu_count, tasks_per_node, world_size
 
 
@@ -270,7 +270,8 @@ def make_plan(cfg: DictConfig) -> Plan:
 
 def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
     """data=tokens: what the run's `samples` samples read of each source, in epochs, and a warning for each
-    source the run will read more than once (contract/data/spec.py, mixture.py: the arithmetic the ranks use)."""
+    source the run will read more than once, unless trainer.max_epochs asked for that (contract/data/spec.py,
+    mixture.py: the arithmetic the ranks use)."""
     d = cfg.data
     if d.get("_target_") or d.name != "tokens":
         return ()
@@ -280,15 +281,16 @@ def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
     specs, seq_len = token_sources(d), int(d.seq_len)
     counts = samples_per_source([s.weight for s in specs], samples) if d.get("sources") else [samples]
     parts, warnings = [], []
+    counted = (cfg.trainer.get("epochs_of") or "") if cfg.trainer.get("max_epochs") is not None else None
     for spec, count in zip(specs, counts, strict=True):
         windows = spec.windows(seq_len)
         epochs = count / windows
         what = (f"{spec.name} {spec.weight:.3g} = {count:,}" if spec.name else
                 f"{spec.key}={spec.path} ({spec.kind}): {count:,}")
         parts.append(f"{what} of its {windows:,} ({epochs:.3g} epochs)")
-        if epochs > 1:
+        if epochs > 1 and spec.name != counted:
             warnings.append(f"warning: {spec.key.removesuffix('.path')} repeats: the run reads its {windows:,} samples "
-                            f"{epochs:.3g} times over; add data or lower trainer.max_steps")
+                            f"{epochs:.3g} times over; add data or lower {length_key(cfg)}")
     head = f"data: {samples:,} samples of {seq_len + 1} tokens over the run: "
     return (head + "; ".join(parts), *warnings)
 

@@ -125,3 +125,17 @@ def test_budgets_that_contradict_or_cant_be_counted_are_refused(tmp_path: Path, 
         _plan(tmp_path, *(o.replace("DATA", str(data)) for o in overrides))
     assert expected in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_repeat_warning_names_the_budget_and_leaves_out_the_epochs_asked_for(tmp_path: Path) -> None:
+    a, b = _tokens(tmp_path / "a.bin", 40_000), _tokens(tmp_path / "b.bin", 6_000)
+    mixture = ["data=tokens", f"data.sources.a.path={a}", "data.sources.a.weight=0.8", f"data.sources.b.path={b}",
+               "data.sources.b.weight=0.2"]
+    _, plan = _plan(tmp_path, *mixture, "trainer.max_epochs=3", "trainer.epochs_of=b")
+    warnings = [line for line in plan.data_lines if line.startswith("warning:")]
+    assert warnings == ["warning: data.sources.a repeats: the run reads its 624 samples 1.79 times over; add data or "
+                        "lower trainer.max_epochs"]  # b's 3 epochs were asked for
+    _, plan = _plan(tmp_path, "data=tokens", f"data.path={b}", "trainer.max_epochs=3")
+    assert not [line for line in plan.data_lines if line.startswith("warning:")]
+    _, plan = _plan(tmp_path, "data=tokens", f"data.path={b}", "trainer.max_tokens=100000")
+    assert plan.data_lines[-1].endswith("times over; add data or lower trainer.max_tokens")
