@@ -7,6 +7,10 @@ model's: weights that start far above it are themselves blown (a run started fro
 
     start  the run's first logged loss (its step 1): a loss far above it means the rate is far too high
     best   the lowest loss it logged: a checkpoint far above it is no rollback target and no "good" checkpoint
+
+A loss sitting at ln(vocab) itself (within COLLAPSE_NATS) after the run had been below it, or with a vanishing
+gradient norm, is a collapsed model (every next token equally likely, often with no gradient left): no rollback
+target and no "good" checkpoint either, though it is never far above the capped reference.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from typing import Any
 
 # stability.blowup_margin's default (contract/config/schema.py): ln 10, rounded.
 DEFAULT_MARGIN = 2.3
+# How close to ln(vocab) a loss is "at a uniform guess's": a collapsed model's is ln(vocab) to float precision, while a
+# random model's own start differs from it by a few hundredths of a nat (5.47 against ln 257 = 5.549).
+COLLAPSE_NATS = 0.01
+# A gradient norm this small is none: nothing moves the weights any more.
+VANISHING_NORM = 1e-6
 
 
 @dataclass
@@ -65,6 +74,17 @@ def far_above(loss: float | None, ref: float | None, margin: float) -> bool:
     if loss is None or ref is None:
         return False
     return not math.isfinite(loss) or loss > ref + margin
+
+
+def collapsed(loss: float | None, best: float | None, vocab_size: int | None,
+              grad_norm: float | None = None) -> bool:
+    """Whether `loss` sits at a uniform guess's, ln(vocab), after the run had been below it (`best`), or with a
+    vanishing gradient norm: a model collapsed to predicting every token alike."""
+    ceil = ceiling(vocab_size)
+    if loss is None or not math.isfinite(loss) or not math.isfinite(ceil) or abs(loss - ceil) > COLLAPSE_NATS:
+        return False
+    learned = best is not None and best < ceil - COLLAPSE_NATS
+    return learned or (grad_norm is not None and math.isfinite(grad_norm) and grad_norm <= VANISHING_NORM)
 
 
 def lr_cut(loss: float, start_ref: float) -> int:

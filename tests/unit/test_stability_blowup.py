@@ -222,7 +222,8 @@ def test_a_fine_tuning_run_that_blew_up_starts_over_from_its_own_init_from(
     s = _stability(tmp_path / "d", "stop", command=command)
     _train(s, {1: 2.1, 10: 30.0, 11: 31.0}, nonfinite=(11,))  # its one checkpoint (step 10) blew up
     line = _stop_line(s, 11, capsys)
-    assert "far above its start, 2.1 at step 1" in line and "no good checkpoint (step 10 from before" in line
+    assert "far above its start, 2.1 at step 1" in line and "no good checkpoint from before the trouble" in line
+    assert "(step 10: its loss is far above the best)" in line
     args = _command(line, "with a lower learning rate (10x lower): ")
     assert _value(args, "model.init_from") == "/w/base" and _value(args, "optim.lr") == "1"
     assert _value(args, "run.overwrite") == "true" and "weights it started from" in line
@@ -246,6 +247,89 @@ def test_a_run_started_from_a_diverged_runs_weights_starts_over_from_random_weig
     assert "far above a random model's loss, ln(4096) = 8.318" in line and "random weights" in line
     args = _command(line, "with a lower learning rate (100x lower): ")
     assert _value(args, "model.init_from") == "null" and _value(args, "run.overwrite") == "true"
+
+
+# -- issue 27's trial (second round): a collapsed model, dead weights, a run from them ----------------------------
+
+UNIFORM = math.log(VOCAB)  # a collapsed model's loss: every next token equally likely
+
+
+def _go_on(s: Stability, steps: range, nonfinite: tuple[int, ...]) -> None:
+    """The loop's calls for `steps` after a rollback (no log rows, no saves)."""
+    for step in steps:
+        s.step_start(step, 8 * (step - 1))
+        s.check(torch.tensor(1.0), step)(torch.tensor(float("nan") if step in nonfinite else 1.0))  # type: ignore[misc]
+        s.replicas_agree(step)
+
+
+def test_a_collapsed_checkpoint_is_no_rollback_target_and_starting_over_cuts_the_rate_10x(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """optim.lr=1e4: the loss goes to ln(vocab) by step 2 (never "far above" the start, 8.25), steps 5-7 not
+    finite. Steps 2 and 4 hold a collapsed model: no rollback to them, and the advice starts over 10x lower."""
+    s = _stability(tmp_path / "d", "skip")
+    _train(s, {1: 8.25, 2: UNIFORM, 4: UNIFORM, 7: UNIFORM}, nonfinite=(5, 6, 7), saves=(2, 4))
+    outcome = s.recover(ROLLBACK, 7)
+    assert s.ckpt.chosen == [] and outcome.kind == "diverged"  # type: ignore[attr-defined]
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")][0]
+    assert "last good checkpoint" not in line and "the model collapsed" in line
+    assert "steps 2, 4: its loss sits at a random model's" in line
+    args = _command(line, "with a lower learning rate (10x lower): ")
+    assert _value(args, "optim.lr") == "1" and _value(args, "model.init_from") is None
+
+
+def test_a_collapsed_checkpoint_is_known_by_its_vanishing_gradient_norm_too(tmp_path: Path) -> None:
+    s = _stability(tmp_path / "d", "rollback")
+    _train(s, {1: UNIFORM, 2: 6.0}, saves=(2,))
+    s.step_start(3, 16)
+    s.check(torch.tensor(UNIFORM), 3)(torch.tensor(0.0))  # type: ignore[misc]
+    s.replicas_agree(3)
+    _save(s, 3)  # at ln(vocab) after 6.0, and no gradient left
+    assert layout.marker(layout.CheckpointDir(3, layout.step_dir(s.run_dir, 3)))["grad_norm"] == 0.0
+    assert s.targets.why_not(3) and s.targets.why_not(2) is None
+    from contract.rules.blowup import collapsed
+    assert collapsed(UNIFORM, UNIFORM, VOCAB, grad_norm=0.0) and not collapsed(UNIFORM, UNIFORM, VOCAB, 0.5)
+    assert not collapsed(UNIFORM - 0.08, 8.0, VOCAB)  # a random model's own start, a little below ln(vocab)
+
+
+def test_a_checkpoint_training_fails_from_at_once_after_a_rollback_is_not_rolled_back_to_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = _stability(tmp_path / "d", "skip")
+    _train(s, {1: 8.3, 2: 7.0, 4: 6.5, 7: 6.5}, nonfinite=(5, 6, 7), saves=(2, 4))
+    s.recover(ROLLBACK, 7)
+    _go_on(s, range(5, 8), nonfinite=(5, 6, 7))  # from step 4 again: non-finite at once
+    assert s.wanted(drain=True) == ROLLBACK
+    s.recover(ROLLBACK, 7)
+    assert s.ckpt.chosen == [4, 2]  # type: ignore[attr-defined]
+    _go_on(s, range(3, 6), nonfinite=(3, 4, 5))  # and from step 2 too: nothing good is left
+    outcome = s.recover(ROLLBACK, 5)
+    assert outcome.kind == "diverged" and s.ckpt.chosen == [4, 2]  # type: ignore[attr-defined]
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")][0]
+    assert "last good checkpoint" not in line and "non-finite at once from it after a rollback" in line
+    assert _value(_command(line, "with a lower learning rate (10x lower): "), "optim.lr") == "1"
+
+
+def test_a_run_from_init_from_that_fails_at_its_first_step_says_so_and_starts_from_random_weights(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trial's second round: init_from a collapsed run's step_4 at half the rate fails at steps 1-3; its own
+    advice carried the same weights again, and kept the name div2-lr5000 for a rate of 2500."""
+    init = "/r/div2/checkpoints/step_4"
+    command = f"python -m launcher run.name=div2-lr5000 optim.lr=5000 model.init_from={init} stability.nonfinite=skip\n"
+    s = _stability(tmp_path / "div2-lr5000", "skip", command=command)
+    s.cfg.model.init_from, s.cfg.optim.lr, s.cfg.run.name = init, 5000.0, "div2-lr5000"
+    _train(s, {1: UNIFORM, 3: UNIFORM}, nonfinite=(1, 2, 3), saves=(2,))
+    outcome = s.recover(ROLLBACK, 3)
+    assert outcome.kind == "diverged"
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")][0]
+    assert f"non-finite at its first step from the weights it started from (model.init_from={init})" in line
+    args = _command(line, "with a lower learning rate (10x lower): ")
+    assert _value(args, "model.init_from") == "null" and _value(args, "optim.lr") == "500"
+    assert _value(args, "run.name") == "div2-lr500"  # the name follows the rate
+
+
+def test_a_renamed_run_going_on_from_a_good_checkpoint_is_renamed_for_the_new_rate_once() -> None:
+    from train.stability.advice import renamed
+    assert renamed("div2", "5000") == "div2-lr5000" and renamed("div2-lr5000", "2500") == "div2-lr2500"
+    assert renamed("a-lr5e-05", "2.5e-05") == "a-lr2.5e-05" and renamed("lr-sweep", "1") == "lr-sweep-lr1"
 
 
 def test_the_diagnosis_names_each_cause() -> None:

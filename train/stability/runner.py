@@ -30,7 +30,7 @@ import torch
 from omegaconf import OmegaConf
 
 from contract.errors import EXIT_DIVERGED
-from contract.rules.blowup import DEFAULT_MARGIN, LossHistory, far_above, reference
+from contract.rules.blowup import DEFAULT_MARGIN, LossHistory
 from contract.rules.stability_checks import plan_note
 from contract.rundir import ckpt_layout as layout
 from contract.rundir.events import record_event
@@ -44,6 +44,7 @@ from train.stability.monitor import NOTHING, ROLLBACK, STOP, Monitor, Trouble
 from train.stability.replicas import Disagreement, ReplicaCheck
 from train.stability.rollback import rollback
 from train.stability.state_check import state_is_finite
+from train.stability.targets import Targets
 from train.stability.verdict import NONFINITE, SCALER, SpikeRule, StepVerdict, apply_with_skip, skip_flag
 from train.stability.z_loss import ZLoss
 
@@ -91,6 +92,8 @@ class Stability:
         vocab = OmegaConf.select(cfg, "model.vocab_size")
         self.vocab_size = int(vocab) if vocab is not None else None
         self.loss: torch.Tensor | None = None  # this rank's loss of the newest step (a device tensor)
+        self.norm: Any = None  # the newest step's gradient norm, as the strategy measured it
+        self.targets = Targets(self.run_dir, self.vocab_size, self.blowup_margin)
         self.save_losses: dict[int, dict[str, Any]] = {}
         ckpt.losses_at = lambda step: self.save_losses.get(step, {})
         self.state_nonfinite = False  # a save found the weights or optimizer state not finite
@@ -116,6 +119,7 @@ class Stability:
         shared = verdict.share(loss)
 
         def judged(norm: Any) -> torch.Tensor:
+            self.norm = norm
             code = verdict(shared if shared is not None else loss, norm)
             self.codes.push(step, code)
             return code if verdict.spike is None and not verdict.fp16 else skip_flag(code)  # 0.0 or 1.0 already
@@ -187,19 +191,11 @@ class Stability:
             self.losses.observe(step, value)
         # Strict JSON: a loss that is not finite as "nan" or "inf" (ckpt_layout.marker_losses reads them back).
         self.save_losses[step] = {"loss": value if math.isfinite(value) else str(value), "best": self.losses.best}
+        norm = _plain_norm(self.norm)
+        if norm is not None:  # a collapsed model's is often zero (targets.py)
+            self.save_losses[step]["grad_norm"] = norm
         for old in sorted(self.save_losses)[:-KEPT_SAVE_LOSSES]:
             del self.save_losses[old]
-
-    def blown(self, step: int) -> bool:
-        """Whether the checkpoint of `step` holds a loss far above the best the run had reached by then (its
-        marker's; a marker written without them is not judged). Not the best reached since: a checkpoint from
-        early in a run that went on learning is not blown."""
-        loss, best = layout.marker_losses(layout.CheckpointDir(step, layout.step_dir(self.run_dir, step)))
-        return best is not None and far_above(loss, reference(best, self.vocab_size), self.blowup_margin)
-
-    def _good(self, first: int) -> Callable[[int], bool]:
-        """A checkpoint to go back to: from before the first bad step, its loss not far above the best."""
-        return lambda s: s < first and not self.blown(s)
 
     # -- when something went wrong -------------------------------------------------------------------------
     def recover(self, action: int, step: int) -> dict[str, Any] | Any:
@@ -214,6 +210,7 @@ class Stability:
             return saved
         action = max(action, self.monitor.action())
         trouble = self.monitor.trouble(action)
+        self.targets.trouble_from(min(trouble.bad_steps, default=step))
         if action == ROLLBACK:
             saved = self._rollback(trouble, step)
             if saved is not None:
@@ -228,8 +225,10 @@ class Stability:
         start = self.starts.get(first, self.starts.get(min(self.starts, default=first), 0))
         end = self.starts.get(last, start) + self.global_batch * (1 + margin)
         reason = f"{trouble.reason} at step {_steps(trouble.bad_steps)}"
-        saved = rollback(self.ckpt, self.skips, step, to=self._good(first), skip=[(start, end)], reason=reason)
+        target = self.ckpt.latest(where=self.targets.good(first))
+        saved = rollback(self.ckpt, self.skips, step, to=self.targets.good(first), skip=[(start, end)], reason=reason)
         if saved is not None:
+            self.targets.rolled_to = target.step if target is not None else None
             self._rolled_back(saved)
         return saved
 
@@ -286,13 +285,16 @@ class Stability:
         # rollback would choose: a skip-mode save inside the trouble holds finite weights, but not good ones.
         first = min(trouble.bad_steps, default=step + 1)
         complete = [c.step for c in layout.list_checkpoints(self.run_dir) if c.complete]
-        good = next((s for s in reversed(complete) if self._good(first)(s)), None)
-        blown = tuple(s for s in complete if s < first and (good is None or s > good) and self.blown(s))
+        good = next((s for s in reversed(complete) if self.targets.good(first)(s)), None)
+        not_good = {s: why for s in complete if s < first and (good is None or s > good)
+                    for why in [self.targets.why_not(s)] if why}
         one_step = (self.policy == "stop" and len(trouble.bad_steps) == 1 and not trouble.limit
                     and not self.monitor.tripped and not self.state_nonfinite)
-        cause = diagnose(self.losses, self.vocab_size, self.blowup_margin, one_step=one_step)
+        cause = diagnose(self.losses, self.vocab_size, self.blowup_margin, one_step=one_step,
+                         dead=sorted(self.targets.dead), at_once=first <= 1,
+                         init_from=OmegaConf.select(self.cfg, "model.init_from"))
         advice = stop_advice(self.run_dir, good, float(self.cfg.optim.lr), str(self.cfg.run.name), cause,
-                             latest=complete[-1] if complete else None, blown=blown)
+                             latest=complete[-1] if complete else None, blown=not_good)
         line = (f"error: stopped at step {step}: {trouble.reason} at step {_steps(trouble.bad_steps)}{trouble.limit} "
                 f"(stability.nonfinite={self.policy}); {advice}")
         if self.env.is_main:  # the end itself is recorded as a "diverged" event by train/recovery.end_of_attempt
@@ -322,6 +324,16 @@ class Stability:
 REASONS = {"nonfinite": "non-finite gradient norm or loss", "spike": "loss or gradient norm spike",
            "loss_scale": "a gradient overflowed in fp16 (the loss scaler skipped it and lowered its scale)",
            "collapsed": "a gradient overflowed in fp16 with the loss scale already at its floor (1): non-finite"}
+
+
+def _plain_norm(norm: Any) -> float | None:
+    """A gradient norm as a number where reading it is this rank's own business (a plain tensor or a number; a
+    DTensor's would be a collective), else None."""
+    if isinstance(norm, int | float):
+        return float(norm)
+    if type(norm) is torch.Tensor and norm.numel() == 1:
+        return float(norm)
+    return None
 
 
 def _steps(steps: list[int]) -> str:
