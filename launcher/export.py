@@ -1,6 +1,7 @@
-"""python -m launcher.export RUN_DIR [--step N] --format safetensors|hf [--out PATH]
+"""python -m launcher.export RUN_DIR [--step N | --best] --format safetensors|hf [--out PATH]
 
-Consolidates a run's checkpoint (the newest complete one, or --step N), written by any number of ranks with any
+Consolidates a run's checkpoint (the newest complete one, --step N, or --best: the one that measured best by the
+run's checkpoint.keep_best, else its first validation set's loss), written by any number of ranks with any
 strategy, into full weights on this machine's CPU: one safetensors file, or (model=hf_causal_lm) a Hugging Face
 directory that `from_pretrained` loads. Writes to RUN_DIR/export/ unless --out says where; never overwrites.
 """
@@ -39,9 +40,21 @@ def run_and_step(path: Path, step: int | None) -> tuple[Path, int | None]:
     return path.parent.parent, int(named.group(1))
 
 
-def pick_checkpoint(run_dir: Path, step: int | None) -> layout.CheckpointDir:
+def pick_checkpoint(run_dir: Path, step: int | None, best: bool = False) -> layout.CheckpointDir:
+    """The checkpoint a command reads: the newest complete one, the one of `step`, or with `best` the one that
+    measured best (launcher/observe/ranking.py; a line on stderr says which and by what). ConfigError (one line
+    naming the fix) when there is none such."""
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a directory: pass a run directory (RUN_ROOT/RUN_NAME)")
+    if best:
+        if step is not None:
+            raise ConfigError(f"--best and the checkpoint of step {step} both choose one: drop one of them (pass the "
+                              "run directory with --best)")
+        from launcher.observe.ranking import best_of_run, describe_best
+
+        best_found, why = best_of_run(run_dir)
+        print(describe_best(best_found, why), file=sys.stderr)
+        return best_found.checkpoint
     if step is None:
         latest = layout.latest_complete_checkpoint(run_dir)
         if latest is None:
@@ -112,9 +125,9 @@ def check_format(cfg: DictConfig, fmt: str) -> None:
                           "--format safetensors")
 
 
-def export(run_dir: Path, step: int | None, fmt: str, out: str | None) -> Path:
+def export(run_dir: Path, step: int | None, fmt: str, out: str | None, best: bool = False) -> Path:
     run_dir, step = run_and_step(run_dir, step)
-    checkpoint = pick_checkpoint(run_dir, step)
+    checkpoint = pick_checkpoint(run_dir, step, best)
     cfg = OmegaConf.load(checkpoint.path / "config.yaml")
     assert isinstance(cfg, DictConfig)
     check_format(cfg, fmt)
@@ -159,16 +172,25 @@ def follow_umask(path: Path) -> None:
         written.chmod((0o777 if written.is_dir() else 0o666) & ~mask)
 
 
+def add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
+    """--step N or --best (export, sample, evaluate): which checkpoint of the run."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
+    which.add_argument("--best", action="store_true",
+                       help="the complete checkpoint that measured best: by the run's checkpoint.keep_best, else its "
+                       "first validation set's loss")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint (RUN_DIR/checkpoints/step_N)")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
+    add_checkpoint_choice(parser)
     parser.add_argument("--format", choices=("safetensors", "hf"), default="safetensors")
     parser.add_argument("--out", default=None, help="where to write (default: RUN_DIR/export/...)")
     args = parser.parse_args(argv)
     try:
-        path = export(args.run_dir.expanduser().resolve(), args.step, args.format, args.out)
+        path = export(args.run_dir.expanduser().resolve(), args.step, args.format, args.out, args.best)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

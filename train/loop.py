@@ -28,13 +28,13 @@ from train.data import (
 )
 from train.data.index import INDEX_VERSION, LEGACY_INDEX_VERSION
 from train.data.prefetch import BatchPrefetcher, describe_dropped
-from train.distributed import DistEnv, all_reduce_mean
+from train.distributed import DistEnv
 from train.evaluation.validator import Validator
 from train.faults.preemption import PreemptionWatcher, StopOutcome, after_stop
 from train.faults.signals import StopFlag, preempt_signal
 from train.faults.watchdog import Watchdog
 from train.model.build import build_model, flops_per_token
-from train.observe.metrics import MetricsLogger, log
+from train.observe.metrics import IntervalLoss, MetricsLogger, log
 from train.observe.telemetry import Telemetry
 from train.stability.runner import NOTHING, Stability
 from train.step import TrainResult, TrainState, train_step
@@ -132,6 +132,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
+    interval = IntervalLoss()  # loss_avg: the mean loss since the previous logged row
     outcome = StopOutcome(0, None)
     validator = Validator(cfg, strategy, device)
     if validator.due_at_start(state.step, run_dir):  # step 0 (eval.at_start), or a resume at a step not validated
@@ -148,6 +149,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark,
                               prefetcher, stability.z)
             watchdog.mark()
+            interval.add(loss)
             ckpt.ready_for_update()  # an asynchronous save's copy of the state, overlapping this step, is done
             grad_norm = strategy.optimizer_step(stability.check(loss, state.step + 1))
             telemetry.end_step()
@@ -158,10 +160,11 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             # Before the stop agreement: a signal that comes during validation stops at this step, as always.
             val = validate(validator, model, watchdog, metrics) if validator.due(state.step) else {}
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps) or val:
-                logged = losses[state.step] = float(all_reduce_mean(loss))
+                logged, loss_avg = interval.take(loss)
+                losses[state.step] = logged
                 metrics.log(state.step, state.tokens,
                             {**telemetry.collect(state.step, strategy), **data_progress(source, state.samples)},
-                            loss=logged, lr=lr, grad_norm=float(grad_norm),
+                            loss=logged, loss_avg=loss_avg, lr=lr, grad_norm=float(grad_norm),
                             **stability.log_fields(state.step, logged), **val)
             metrics.tick(state.step, logged)
             stop = state.step < t.max_steps and watcher.stop_requested(state.step, stability.wanted())
@@ -179,6 +182,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                     break
                 state = resumed_state(recovered)
                 metrics.rewind(state.step, state.tokens)
+                interval.reset()
                 prefetcher = start_prefetch(source, state, cfg, strategy, device, stability)
                 if not stop:
                     watchdog.step_finished(state.step)

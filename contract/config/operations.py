@@ -30,6 +30,9 @@ class CheckpointConfig:
     keep_last: int = num(3, 1)
     # ... plus every checkpoint whose step is a multiple of this (0: none).
     keep_every: int = num(0, 0)
+    # ... plus the one that measured best by this metric (contract/rules/keep_best.py): val/NAME/loss, val/NAME/ppl or
+    # harness/TASK/METRIC, its direction from its name (METRIC:max or :min says it). None: off.
+    keep_best: str | None = None
     # Periodic saves write in the background (DCP async_save); the preemption and final saves are synchronous.
     async_save: bool = True
     # Before resuming: check every file's size against the checkpoint's manifest ("size"), or also its CRC-32
@@ -161,11 +164,6 @@ class ClusterConfig:
 
 
 @dataclass
-class EvalConfig:
-    # Validation during training (train/evaluation/): every this many steps and at the end; 0: off. Not a
-    # training setting (validation never changes what is trained), so not part of the derived run name.
-    every: int = num(0, 0)
-@dataclass
 class HarnessConfig:
     # lm-evaluation-harness tasks (a task, group or tag name lm_eval knows, or one of eval.harness.include_path's
     # YAMLs) scored wherever validation runs: in the loop (eval.every), evaluation jobs, launcher.evaluate
@@ -181,6 +179,11 @@ class HarnessConfig:
     include_path: str | None = path_key(None)
 
 
+@dataclass
+class EvalConfig:
+    # Validation during training (train/evaluation/): every this many steps and at the end; 0: off. Not a
+    # training setting (validation never changes what is trained), so not part of the derived run name.
+    every: int = num(0, 0)
     # Batches of trainer.global_batch_size samples per set: the same samples every time, on any world size.
     batches: int = num(4, 1)
     # Also evaluate the initial weights, at step 0.
@@ -197,13 +200,13 @@ class HarnessConfig:
     job_partition: str | None = None
     job_qos: str | None = None
     job_time_limit_min: int | None = num(None, 1)
+    # Downstream scores beside the validation losses (lm-evaluation-harness): eval.harness.tasks=[...].
+    harness: HarnessConfig = field(default_factory=HarnessConfig)
 
 
 @dataclass
 class StabilityConfig:
     # Checks on the device before every optimizer update (train/stability/): a step whose gradient norm is not finite
-    # Downstream scores beside the validation losses (lm-evaluation-harness): eval.harness.tasks=[...].
-    harness: HarnessConfig = field(default_factory=HarnessConfig)
     # (or that the spike rule flags) is not applied, with no host synchronisation. false: no checks (benchmarks).
     enabled: bool = True
     # What follows a non-finite step: skip (count it and go on; after skip_limit skipped steps in a row, roll back),

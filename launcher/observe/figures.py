@@ -1,6 +1,6 @@
 """What launcher.report draws (launcher/report.py has the command): the training figure, one line figure per
-metric and a sweep's final loss against each swept key, built apart from being saved so that tests can
-inspect what was drawn. matplotlib is imported inside the functions.
+metric and a sweep's final value of its ranking metric (launcher/observe/ranking.py) against each swept key, built
+apart from being saved so that tests can inspect what was drawn. matplotlib is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contract.rundir.metrics_file import number_text, read_metrics, training_rows
 from contract.rundir.validation_log import loss_curves
 from launcher.checks.overrides import override_key
+from launcher.observe.ranking import SweepRanking, rank_runs
 from launcher.observe.runs import RunRef, read_config
 from launcher.sweeps.sweepdir import Point, Sweep
 
@@ -67,7 +68,8 @@ class Series:
 
 @dataclass
 class FinalLoss:
-    """One finished sweep point on a final-loss plot: its value of the plotted key, and the other swept values."""
+    """One finished sweep point on a final-loss plot: its value of the plotted key, its final value of the ranking
+    metric (`loss`), and the other swept values."""
 
     value: str
     loss: float
@@ -245,8 +247,10 @@ def _numeric(values: list[str]) -> list[float] | None:
     return numbers if all(math.isfinite(n) for n in numbers) else None
 
 
-def final_losses(sweep: Sweep, runs: list[RunRef], key: str) -> list[FinalLoss]:
-    """Finished points only (their last logged step reached trainer.max_steps); the last step is always logged."""
+def final_losses(sweep: Sweep, runs: list[RunRef], key: str, ranked: SweepRanking | None = None) -> list[FinalLoss]:
+    """Finished points only (their last logged step reached trainer.max_steps; the last step is always logged), each
+    with its newest value of the ranking metric (`ranked`, default: rank_runs's)."""
+    ranked = ranked or rank_runs([run.run_dir for run in runs])
     others = [k for k in map(override_key, sweep.swept) if k != key]
     out = []
     for point, run in zip(sweep.points, runs, strict=True):
@@ -255,14 +259,28 @@ def final_losses(sweep: Sweep, runs: list[RunRef], key: str) -> list[FinalLoss]:
         max_steps = (read_config(run.run_dir).get("trainer") or {}).get("max_steps")
         if value is None or not rows or not isinstance(max_steps, int) or rows[-1]["step"] < max_steps:
             continue
+        if run.run_dir not in ranked.values:
+            continue
         group = " ".join(f"{k}={v}" for k in others if (v := swept_value(point, k)) is not None)
-        out.append(FinalLoss(value, float(rows[-1]["loss"]), group))
+        out.append(FinalLoss(value, ranked.values[run.run_dir], group))
     return out
 
 
-def final_loss_figure(points: list[FinalLoss], key: str, title: str) -> Figure:
+def mark_best(ax: Axes, points: list[FinalLoss], ranked: SweepRanking, numeric: bool) -> None:
+    """A star on the best finite point by the ranking, annotated `best`."""
+    best = ranked.ranking.best(dict(enumerate(p.loss for p in points)))
+    if best is None:
+        return
+    x = float(points[best].value) if numeric else points[best].value
+    ax.plot([x], [points[best].loss], marker="*", markersize=14, color="gold", markeredgecolor="black",
+            linestyle="", label="_best", zorder=4)
+    ax.annotate("best", xy=(x, points[best].loss), xytext=(6, 6), textcoords="offset points", fontsize="small")
+
+
+def final_loss_figure(points: list[FinalLoss], key: str, title: str, ranked: SweepRanking | None = None) -> Figure:
     """x: the swept value (numeric, log when it spans more than 10x; else categorical); one line per group; a point
-    whose final loss is not finite is an x on the top edge at its value, labelled nan or inf."""
+    whose final value is not finite is an x on the top edge at its value, labelled nan or inf. With `ranked`: the y
+    axis names its metric and direction, the title says which metric ranks the points, a star marks the best."""
     from matplotlib.colors import to_hex
 
     fig = _figure()
@@ -286,7 +304,12 @@ def final_loss_figure(points: list[FinalLoss], key: str, title: str) -> Figure:
         ax.text(0.5, 0.5, "no finished points yet", ha="center", va="center", transform=ax.transAxes)
     if len(groups) > 1:
         legend_above(fig, ax.get_legend_handles_labels()[0])
-    ax.set(xlabel=key, ylabel="final loss", title=title)
+    ylabel = "final loss"
+    if ranked is not None:
+        mark_best(ax, points, ranked, numbers is not None)
+        ylabel = f"final {ranked.header} ({ranked.ranking.direction})"
+        title = f"{title}\n{ranked.describe()}"
+    ax.set(xlabel=key, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     return fig
 

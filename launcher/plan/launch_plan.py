@@ -17,6 +17,7 @@ from contract.rules.eval_jobs import check_eval_jobs, jobs_enabled
 from contract.rules.eval_sets import check_eval, repeat_warning, resolved_sets, set_spec
 from contract.rules.eval_sets import enabled as eval_enabled
 from contract.rules.eval_sets import plan_line as eval_plan_line
+from contract.rules.keep_best import check_keep_best
 from contract.rules.optimizers import check_optim, plan_line
 from contract.rules.stability_checks import check_stability
 from launcher.checks.cluster_checks import validate_cluster
@@ -187,6 +188,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     _check_model(cfg)
     check_inputs(cfg)
     check_eval(cfg)
+    check_keep_best(cfg)
     check_stability(cfg)
     check_optim(cfg.optim)
     if cfg.strategy.name != "auto":

@@ -160,6 +160,35 @@ class MetricsLogger:
             self.tensorboard.close()
 
 
+class IntervalLoss:
+    """metrics.jsonl's `loss_avg`: the mean of the step losses since the previous logged row (or the attempt's start),
+    summed on the device (no host sync per step) and, at a log step, averaged over the ranks in the one all-reduce
+    that averages the step's own `loss`. Less noisy than the step's single batch: a sweep ranks points by it when
+    they have no validation loss (launcher/observe/ranking.py)."""
+
+    def __init__(self) -> None:
+        self.total: Any = None
+        self.steps = 0
+
+    def add(self, loss: Any) -> None:
+        self.total = loss.detach() if self.total is None else self.total + loss.detach()
+        self.steps += 1
+
+    def reset(self) -> None:
+        self.total, self.steps = None, 0
+
+    def take(self, loss: Any) -> tuple[float, float]:
+        """The step's loss and the interval's mean, each averaged over the ranks; the next interval starts."""
+        import torch
+
+        from train.distributed import all_reduce_mean
+
+        mean = loss.detach() if self.total is None else self.total / self.steps
+        both = all_reduce_mean(torch.stack([loss.detach().float(), mean.float()]))
+        self.reset()
+        return float(both[0]), float(both[1])
+
+
 def telemetry_text(row: dict[str, Any]) -> str:
     """The console's summary of the telemetry fields (train/observe/telemetry.py), when the row has them."""
     if "step_time_s" not in row:
