@@ -61,7 +61,7 @@ def _stability(run_dir: Path, nonfinite: str, command: str | None = None, **stab
                       "skip_margin_steps": 0, "spike_sigma": 0.0, "spike_window": 8, "replica_check_every": 0,
                       "blowup_margin": 2.3, **stability},
         "strategy": {"name": "ddp", "backend": "torch"}, "optim": {"z_loss": 0.0, "lr": 10.0},
-        "model": {"vocab_size": VOCAB}, "run": {"name": "d"}})
+        "model": {"vocab_size": VOCAB}, "run": {"name": "d"}, "trainer": {"max_steps": 40}})
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "command.txt").write_text(command if command is not None else COMMAND.format(nonfinite))
     env = DistEnv(0, 0, 1, 1, "localhost", 0, "single", "n1")
@@ -330,6 +330,24 @@ def test_a_renamed_run_going_on_from_a_good_checkpoint_is_renamed_for_the_new_ra
     from train.stability.advice import renamed
     assert renamed("div2", "5000") == "div2-lr5000" and renamed("div2-lr5000", "2500") == "div2-lr2500"
     assert renamed("a-lr5e-05", "2.5e-05") == "a-lr2.5e-05" and renamed("lr-sweep", "1") == "lr-sweep-lr1"
+
+
+def test_a_finite_blow_up_that_trains_on_to_the_end_is_warned_of_when_it_starts_and_at_the_end(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """optim.lr=10: 5.47 -> 813, finite to the end: "finished" alone said nothing of it."""
+    s = _stability(tmp_path / "d", "skip")
+    with caplog.at_level("WARNING"):
+        _train(s, {1: 5.47, 10: 813.0, 20: 703.0, 30: 600.0, 40: 39.0}, saves=())
+    said = [r.getMessage() for r in caplog.records if "far above its start" in r.getMessage()]
+    assert len(said) == 2, said
+    assert said[0].startswith("step 10: the loss (813) went far above its start (5.47 at step 1")
+    assert said[1].startswith("the run ends with its loss far above its start since step 10 (39 at step 40")
+    assert "optim.lr=1 (10x lower)" in said[1]
+    caplog.clear()
+    healthy = _stability(tmp_path / "e", "skip")
+    with caplog.at_level("WARNING"):
+        _train(healthy, {1: 5.47, 10: 4.0, 20: 7.7, 40: 3.0}, saves=())  # 7.7: within the margin
+    assert not [r for r in caplog.records if "far above" in r.getMessage()]
 
 
 def test_the_diagnosis_names_each_cause() -> None:

@@ -38,6 +38,7 @@ from contract.rundir.skipped_samples import SkippedSamples
 from train.distributed import cpu_group
 from train.observe.metrics import log
 from train.stability.advice import diagnose, stop_advice
+from train.stability.blowup_warning import BlowupWarning
 from train.stability.codes import DeviceCodes
 from train.stability.corruption import CORRUPTION, respond
 from train.stability.monitor import NOTHING, ROLLBACK, STOP, Monitor, Trouble
@@ -94,6 +95,8 @@ class Stability:
         self.loss: torch.Tensor | None = None  # this rank's loss of the newest step (a device tensor)
         self.norm: Any = None  # the newest step's gradient norm, as the strategy measured it
         self.targets = Targets(self.run_dir, self.vocab_size, self.blowup_margin)
+        self.warning = BlowupWarning(self.vocab_size, self.blowup_margin, float(cfg.optim.lr),
+                                     OmegaConf.select(cfg, "trainer.max_steps"), env.is_main)
         self.save_losses: dict[int, dict[str, Any]] = {}
         ckpt.losses_at = lambda step: self.save_losses.get(step, {})
         self.state_nonfinite = False  # a save found the weights or optimizer state not finite
@@ -166,6 +169,7 @@ class Stability:
         if self.verdict is not None:
             if loss is not None:
                 self.losses.observe(step, loss)
+                self.warning.observe(self.losses, step, loss)
             self.wanted(drain=True)
             self._record_skipped()
             fields.update(skipped_steps=self.monitor.nonfinite, spikes=self.monitor.spikes)
