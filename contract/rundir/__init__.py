@@ -6,6 +6,7 @@
     eval_results.py     eval/: evaluation jobs' results, pending markers and job ids
     ckpt_layout.py      checkpoints/step_N/: layout, the COMPLETE marker, the newest complete checkpoint
     skipped_samples.py  skipped_samples.json: sample ranges no step trains on, and the rollbacks so far
+    hf_export.py        export/hf_export.json: checkpoint.export_hf's export at the end of training, for status
     environment.py      failures of the environment (full disk, vanished run directory, OOM killer): kinds, lines
     env_faults.py       test-only injectors of those failures (pure stdlib)
 """
