@@ -6,6 +6,8 @@
     eval_jobs.py          evaluation jobs: which steps get one, their checks (the design)
     eval_job_script.py    an evaluation job's config and script (checked at launch, submitted by rank 0)
     eval_sets.py          eval.sets resolved and checked
+    metric_order.py       which way a measured metric is better (keep_best, --best, a sweep's ranking)
+    keep_best.py          checkpoint.keep_best: its launch checks, the Ranking retention reads
     harness.py            eval.harness.tasks checked at launch (known, on disk, offline), their result keys
     stability_checks.py   stability.* settings checked
     init_source.py        where model.init_from points, resolved without torch
