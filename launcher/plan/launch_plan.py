@@ -222,7 +222,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     global_batch = cfg.trainer.micro_batch_size * accum * dp
     # Before anything reads trainer.max_steps (evaluation jobs, the schedule, the budget): a token or epoch budget
     # becomes it here.
-    length = settle_length(cfg, global_batch, int(cfg.data.seq_len))
+    length = settle_length(cfg, global_batch, int(cfg.data.seq_len), world)
     check_eval_jobs(cfg, global_batch, tasks_per_node(cfg.cluster) if cfg.cluster is not None else 1)
     unbuilt = not_built(cfg, degrees)
     if unbuilt and not cfg.launcher.dry_run:

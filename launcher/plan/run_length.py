@@ -6,7 +6,8 @@ was had.
 A step trains the global batch of samples, data.seq_len input tokens each: tokens after step n = n x batch x seq_len,
 so max_tokens=N ends at ceil(N / (batch x seq_len)). An epoch of data.path is its samples (windows of seq_len + 1
 tokens, contract/data/spec.py); of a mixture's source, that source's samples, read at its weight
-(contract/data/mixture.py apportions them): the run ends at the first step by which the source gave them all.
+(contract/data/mixture.py apportions them): the run ends at the first step by which the source gave them all. An
+epoch of a user's dataset (data._target_) is its len() samples, which the plan's probe reads (launcher/plan/probe.py).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ class RunLength:
     line: str = ""  # the plan's line for a converted budget
 
 
-def settle_length(cfg: DictConfig, global_batch: int, seq_len: int) -> RunLength:
+def settle_length(cfg: DictConfig, global_batch: int, seq_len: int, world: int) -> RunLength:
     """The run's length, written into cfg.trainer.max_steps; ConfigError (one line) for budgets that contradict
-    each other or can't be counted."""
+    each other or can't be counted. `world`: the ranks a user's dataset was probed for (its size)."""
     t = cfg.trainer
     typed = [k for k in BUDGETS if t.get(k) is not None]
     if len(typed) > 1:
@@ -49,7 +50,7 @@ def settle_length(cfg: DictConfig, global_batch: int, seq_len: int) -> RunLength
     if "max_tokens" in typed:
         length = _tokens(t.max_tokens, global_batch * seq_len)
     elif "max_epochs" in typed:
-        length = _epochs(cfg, float(t.max_epochs), global_batch, seq_len)
+        length = _epochs(cfg, float(t.max_epochs), global_batch, seq_len, world)
     else:
         length = RunLength(DEFAULT_MAX_STEPS if t.get("max_steps") is None else int(t.max_steps))
     with open_dict(cfg):
@@ -67,21 +68,22 @@ def _tokens(budget: float, per_step: int) -> RunLength:
                             f"({steps * per_step:,} tokens: step {steps} is the first to reach it)")
 
 
-def _epochs(cfg: DictConfig, epochs: float, global_batch: int, seq_len: int) -> RunLength:
+def _epochs(cfg: DictConfig, epochs: float, global_batch: int, seq_len: int, world: int) -> RunLength:
     d, named = cfg.data, cfg.trainer.get("epochs_of")
-    if d.get("_target_") or d.name != "tokens":
-        what = (f"data._target_={d._target_}'s size is not known at launch" if d.get("_target_") else
-                f"data={d.name} is an endless stream")
-        raise ConfigError(f"trainer.max_epochs counts passes over data=tokens (data.path or a data.sources source), "
-                          f"and {what}: set trainer.max_tokens or trainer.max_steps")
+    if named is not None and not d.get("sources"):
+        where = f"data._target_={d._target_}" if d.get("_target_") else "data.path"
+        raise ConfigError(f"trainer.epochs_of={named} names a source of a mixture, and {where} is the one source: drop "
+                          "trainer.epochs_of")
+    if d.get("_target_"):
+        return _dataset_epochs(cfg, epochs, global_batch, world)
+    if d.name != "tokens":
+        raise ConfigError(f"trainer.max_epochs counts passes over the data's samples, and data={d.name} is an endless "
+                          "stream: set trainer.max_tokens or trainer.max_steps")
     from contract.data.spec import token_sources
 
     specs = token_sources(d)
     names = [s.name for s in specs]
     if not d.get("sources"):
-        if named is not None:
-            raise ConfigError(f"trainer.epochs_of={named} names a source of a mixture, and data.path is the one "
-                              "source: drop trainer.epochs_of")
         samples = _needed(epochs, specs[0].windows(seq_len))
         steps = -(-samples // global_batch)
         return RunLength(steps, f"length: trainer.max_epochs={epochs:g} of data.path ({specs[0].windows(seq_len):,} "
@@ -107,6 +109,28 @@ def _epochs(cfg: DictConfig, epochs: float, global_batch: int, seq_len: int) -> 
                             f"weight {spec.weight:.3g}) = {steps} steps of {global_batch:,} samples "
                             f"({steps * global_batch:,} samples, {gives:,} of them {named}: {gives / windows:.4g} "
                             "epochs)")
+
+
+def _dataset_epochs(cfg: DictConfig, epochs: float, global_batch: int, world: int) -> RunLength:
+    """A user's dataset (data._target_): an epoch is its len() samples, which the plan's probe read (sample i of
+    the stream is item i mod len, train/data/dataset.py)."""
+    from launcher.plan.probe import probe
+
+    target = cfg.data._target_
+    if cfg.launcher.force:
+        raise ConfigError(f"trainer.max_epochs needs the size of data._target_={target}, and launcher.force=true "
+                          "skips reading it at launch: drop launcher.force, or set trainer.max_tokens or "
+                          "trainer.max_steps")
+    answer = probe(cfg, world)
+    if answer.data_samples is None:
+        raise ConfigError(f"trainer.max_epochs needs the size of data._target_={target}, and the launch could not "
+                          f"read it ({answer.note or 'the model probe failed'}): set trainer.max_tokens or "
+                          "trainer.max_steps")
+    size = int(answer.data_samples)
+    steps = -(-_needed(epochs, size) // global_batch)
+    return RunLength(steps, f"length: trainer.max_epochs={epochs:g} of data._target_={target} ({size:,} samples) = "
+                            f"{steps} steps of {global_batch:,} samples ({steps * global_batch:,} samples, "
+                            f"{steps * global_batch / size:.4g} epochs)")
 
 
 def _needed(epochs: float, windows: int) -> int:

@@ -14,6 +14,7 @@ from contract.data.mixture import samples_per_source
 from contract.errors import ConfigError
 from launcher.compose import compose_and_plan
 from launcher.plan.run_length import DEFAULT_MAX_STEPS
+from tests.conftest import launch
 
 # tiny: 8 sequences of 64 tokens a step on one rank.
 BATCH, SEQ = 8, 64
@@ -105,8 +106,8 @@ def test_max_epochs_of_a_mixture_source(tmp_path: Path) -> None:
     (["trainer.max_tokens=0"], "trainer.max_tokens=0.0 is out of range"),
     (["trainer.max_epochs=0"], "trainer.max_epochs=0.0 is out of range"),
     (["trainer.epochs_of=a"], "trainer.epochs_of=a has no effect without trainer.max_epochs"),
-    (["trainer.max_epochs=1"], "trainer.max_epochs counts passes over data=tokens (data.path or a data.sources "
-     "source), and data=synthetic is an endless stream: set trainer.max_tokens or trainer.max_steps"),
+    (["trainer.max_epochs=1"], "trainer.max_epochs counts passes over the data's samples, and data=synthetic is an "
+     "endless stream: set trainer.max_tokens or trainer.max_steps"),
     (["trainer.max_epochs=1", "trainer.epochs_of=a", "data=tokens", "data.path=DATA"],
      "trainer.epochs_of=a names a source of a mixture, and data.path is the one source: drop trainer.epochs_of"),
     (["trainer.max_epochs=1", "data=tokens", "data.sources.a.path=DATA", "data.sources.b.path=DATA"],
@@ -139,3 +140,26 @@ def test_a_repeat_warning_names_the_budget_and_leaves_out_the_epochs_asked_for(t
     assert not [line for line in plan.data_lines if line.startswith("warning:")]
     _, plan = _plan(tmp_path, "data=tokens", f"data.path={b}", "trainer.max_tokens=100000")
     assert plan.data_lines[-1].endswith("times over; add data or lower trainer.max_tokens")
+
+
+def test_max_epochs_of_a_users_dataset_counts_its_len(byo_project: Path, tmp_path: Path) -> None:
+    """data._target_: an epoch is the dataset's len() (sample i is item i mod len), read by the plan's probe."""
+    import sys
+
+    sys.path.insert(0, str(byo_project))
+    try:
+        from data import CharDataset  # examples/byo_project/data.py, as the ranks build it
+
+        size = len(CharDataset(seq_len=SEQ))
+    finally:
+        sys.path.remove(str(byo_project))
+    command = ["--config-dir", "conf", "model=conv_lm", "data=chars", "trainer.max_epochs=2", "launcher.dry_run=true",
+               f"run.root={tmp_path / 'runs'}"]
+    out = launch(*command, cwd=byo_project)
+    steps = math.ceil(2 * size / BATCH)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (f"length: trainer.max_epochs=2 of data._target_=data.CharDataset ({size} samples) = {steps} steps of "
+            f"{BATCH} samples") in out.stderr
+    forced = launch(*command, "launcher.force=true", cwd=byo_project)
+    assert forced.returncode == 2 and forced.stderr.count("\n") == 1
+    assert "launcher.force=true skips reading it at launch" in forced.stderr

@@ -60,9 +60,9 @@ def facts(model: Any, model_cfg: Any, seq_len: int, strategy_cfg: Any) -> dict[s
     }
 
 
-def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> Any:
+def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> tuple[Any, int]:
     """A user's dataset: its first sample has the configured length and token ids the model can embed. Returns the
-    sample's inputs."""
+    sample's inputs and the dataset's length (its samples: an epoch, for trainer.max_epochs)."""
     from contract.errors import ConfigError
     from train.data import build_source, split_sample
 
@@ -86,7 +86,7 @@ def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> Any:
             raise ConfigError(f"data._target_={data_cfg._target_} gives token id {high}, but the model embeds only "
                               f"{rows} ids: make the model's vocabulary larger than {high} (model.args), or fix the "
                               "data")
-    return inputs
+    return inputs, size
 
 
 def unused_parameters(model: Any, inputs: Any) -> list[str] | None:
@@ -143,7 +143,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
         assert answer is not None
         rows = answer["embedding_rows"]
         vocab = int(model_cfg.vocab_size)
-        inputs = check_data(data_cfg, vocab, rows) if data_cfg.get("_target_") else None
+        inputs, samples = check_data(data_cfg, vocab, rows) if data_cfg.get("_target_") else (None, None)
         if rows is not None and rows < vocab and not data_cfg.get("_target_") and not is_ours(model_cfg):
             raise ConfigError(f"model._target_={model_cfg._target_} embeds {rows} token ids, but the data draws ids "
                               f"below model.vocab_size={vocab}: set model.vocab_size={rows} (or build the model "
@@ -155,7 +155,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
         fit = {} if model is None else init_from_fit(model, model_cfg)  # model.init_from's weights, while it is here
     except ConfigError as err:
         return {"error": str(err), "kind": "config"}
-    return {"facts": answer, "note": built.note, **fit}
+    return {"facts": answer, "note": built.note, "data_samples": samples, **fit}
 
 
 def main() -> int:
