@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         from launcher.prepare.documents import check_columns
+        from launcher.prepare.filters import canonical
         from launcher.prepare.inputs import resolve_inputs
         from launcher.prepare.tokenizer import load_tokenizer
 
@@ -202,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             val_fraction=args.val_fraction,
             split_seed=args.split_seed,
             task_mb=args.task_mb,
-            include=tuple(args.include),
-            exclude=tuple(args.exclude),
+            include=canonical(args.include),
+            exclude=canonical(args.exclude),
             encoding_errors=args.encoding_errors,
         )
         inputs = resolve_inputs(args.inputs, out, options.filters)

@@ -3,7 +3,9 @@
 Globs as in .gitignore (pathspec's GitIgnoreSpec), matched on the path under that directory: `*.py` matches at
 any depth, `src/*.py` only in src/, `**` any number of directories, `docs/` everything under a directory docs.
 A file is chosen when it matches an --include (or none is given) and no --exclude. Files named one by one are
-never filtered: naming a file chooses it.
+never filtered: naming a file chooses it. As in .gitignore, the order of the patterns matters only where one is
+negated (`!pattern`): without one, canonical() sorts them (and drops repeats), so that the same filters given in
+another order are the same preparation.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ class Filters:
         given = [f"--include {shlex.quote(p)}" for p in self.include]
         given += [f"--exclude {shlex.quote(p)}" for p in self.exclude]
         return " ".join(given)
+
+
+def canonical(patterns: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The patterns in an order-free form where order cannot matter (no negated `!` pattern among them)."""
+    if any(p.startswith("!") for p in patterns):
+        return tuple(patterns)
+    return tuple(sorted(set(patterns)))
 
 
 def _spec(flag: str, patterns: tuple[str, ...] | list[str]) -> Any:

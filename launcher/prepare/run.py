@@ -37,6 +37,12 @@ def _ours(out: Path) -> bool:
     return (out / PARTS).exists() or (out / MANIFEST).exists()
 
 
+def _nothing_kept(out: Path) -> bool:
+    """A preparation whose plan is gone holds nothing of value when it has no manifest and no task's completion
+    record (a task counts only by its record, written last): a kill before the plan was written left it so."""
+    return not (out / MANIFEST).exists() and not any((out / PARTS).glob("[0-9]*.json"))
+
+
 @contextmanager
 def claimed(plan: Plan, overwrite: bool) -> Iterator[Created]:
     """Hold `plan.out` for this plan: create it, or resume it (the same plan), or with --overwrite replace another
@@ -72,7 +78,9 @@ def _claim(plan: Plan, overwrite: bool, created: Created) -> None:
             )
         refuse_live_jobs(plan)
         old = load_plan(out) if (out / PARTS / PLAN).exists() else None
-        if old is None or old.fingerprint != plan.fingerprint:
+        if old is None and _nothing_kept(out):  # killed before its plan was written: start over
+            _remove_preparation(out)
+        elif old is None or old.fingerprint != plan.fingerprint:
             what = difference(old, plan) if old is not None else "a preparation whose plan is gone"
             if not overwrite:
                 raise ConfigError(

@@ -759,17 +759,18 @@ def test_other_filters_are_another_preparation(tmp_path: Path) -> None:
     code, err = prepare(*base, "--include", "*.txt", "--include", "*.jsonl")
     assert code == 0, err
     manifest, files = mf.load_manifest(out), _tree(out)
-    assert manifest.selection["include"] == ["*.txt", "*.jsonl"] and manifest.selection["exclude"] == []
+    # Recorded in canonical order (no negated pattern: the order can't matter, filters.canonical).
+    assert manifest.selection["include"] == ["*.jsonl", "*.txt"] and manifest.selection["exclude"] == []
     assert {Path(s.path).name for s in manifest.sources} == {"a.txt", "c.txt", "d.jsonl"}
     assert {r: [Path(p).name for p in s.paths] for r, s in manifest.skipped.items()} == {
         "binary": ["changelog.txt"],  # gzip data named .txt
         "not_utf8": ["late.jsonl"],
     }
     for change, words in [
-        (["--include", "*.txt"], "prepared with --include '*.txt' --include '*.jsonl'; this command has --include '*.txt'"),
+        (["--include", "*.txt"], "prepared with --include '*.jsonl' --include '*.txt'; this command has --include '*.txt'"),
         (["--include", "*.txt", "--include", "*.jsonl", "--exclude", "sub/"], "with no --exclude; this command has --exclude sub/"),
         (["--include", "*.txt", "--include", "*.jsonl", "--encoding-errors", "replace"], "with no --encoding-errors; this command has --encoding-errors replace"),
-        ([], "prepared with --include '*.txt' --include '*.jsonl'; this command has no --include"),
+        ([], "prepared with --include '*.jsonl' --include '*.txt'; this command has no --include"),
     ]:
         code, err = prepare(*base, *change)
         assert code == 2 and err.count("\n") == 1 and "already holds a different preparation" in err, err
@@ -781,6 +782,45 @@ def test_other_filters_are_another_preparation(tmp_path: Path) -> None:
     assert code == 0, err
     manifest = mf.load_manifest(out)
     assert manifest.selection["exclude"] == ["lib/"] and list(manifest.skipped) == ["binary"]
+
+
+def test_the_same_filters_in_another_order_are_the_same_preparation_unless_one_is_negated(tmp_path: Path) -> None:
+    """Issue 27's trial: --exclude '*.json' --exclude '*.json.gz' and the same two the other way round were refused
+    as another preparation. As in .gitignore, order matters only with a negated pattern."""
+    _build_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    base = (tmp_path / "corpus", "--out", out, "--tokenizer", "bytes")
+    assert prepare(*base, "--exclude", "*.json", "--exclude", "*.json.gz")[0] == 0
+    files = _tree(out)
+    code, printed, err = prepare_printing(*base, "--exclude", "*.json.gz", "--exclude", "*.json", "--exclude", "*.json")
+    assert code == 0 and "already complete" in printed and _tree(out) == files, err
+    # With a negation the order is the meaning: '*.txt' then '!a.txt' keeps a.txt, the other way round does not.
+    out2 = tmp_path / "out2"
+    negated = (tmp_path / "corpus", "--out", out2, "--tokenizer", "bytes")
+    assert prepare(*negated, "--exclude", "*.txt", "--exclude", "!a.txt")[0] == 0
+    code, err = prepare(*negated, "--exclude", "!a.txt", "--exclude", "*.txt")
+    assert code == 2 and "already holds a different preparation" in err, err
+
+
+@pytest.mark.parametrize("left", ["empty", "a half-written plan"])
+def test_a_preparation_killed_before_its_plan_was_written_goes_on_with_the_same_command(
+        tmp_path: Path, left: str) -> None:
+    """kill -9 while listing the files left .parts/ without plan.json: the same command was then refused as "a
+    preparation whose plan is gone"; nothing of value is there, so it starts over."""
+    _build_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    (out / ".parts").mkdir(parents=True)
+    if left != "empty":
+        (out / ".parts" / "plan.json.tmp-123").write_text('{"out": ')
+    code, err = prepare(tmp_path / "corpus", "--out", out, "--tokenizer", "bytes", "--include", "*.txt")
+    assert code == 0, err
+    assert mf.load_manifest(out).selection["include"] == ["*.txt"]
+    # A task's completion record without a plan is something kept: that is still refused, not deleted.
+    other = tmp_path / "other"
+    (other / ".parts").mkdir(parents=True)
+    (other / ".parts" / "00000.json").write_text("{}")
+    code, err = prepare(tmp_path / "corpus", "--out", other, "--tokenizer", "bytes")
+    assert code == 2 and "a preparation whose plan is gone" in err and (other / ".parts" / "00000.json").exists()
 
 
 def test_a_plan_from_before_the_filters_is_another_preparation(tmp_path: Path) -> None:
