@@ -5,7 +5,10 @@ from any directory (the ranks, an evaluation job, launcher.sample and export, a 
 differs), and the derived run name hashes what the run reads: the same command from the same directory resumes the
 same run, the same relative path typed elsewhere names other data and another run.
 
-A path that is already absolute is kept as typed (symlinks and all), so run names derived from it do not change.
+Every path is normalised lexically (os.path.normpath: `.`, `..` and doubled slashes resolved in the text, not
+realpath: symlinks stay as typed), so `data.path=corpus` and `data.path=../a/corpus` typed in a/ name the same
+data and the same run. Runs named before (relative paths hashed as typed, or absolute ones before normalising)
+go on with the same command: run_name finds them.
 """
 
 from __future__ import annotations
@@ -21,8 +24,13 @@ from launcher.plan.run_name import derived_run_name, hashed
 
 
 def absolute(text: str, base: Path) -> str:
-    """`text` as an absolute path: `~` expanded; a relative path joined to `base` (its `.` parts and doubled slashes
-    dropped, `..` kept: through a symlink it means what the file system says); an absolute one kept as typed."""
+    """`text` as an absolute, normalised path: `~` expanded, a relative path joined to `base`, `.` and `..` parts
+    and doubled slashes resolved in the text (symlinks are not followed)."""
+    return os.path.normpath(_joined(text, base))
+
+
+def _joined(text: str, base: Path) -> str:
+    """`text` made absolute as slurmtrain did before normalising: `..` parts kept (run names hashed that)."""
     expanded = os.path.expanduser(text)
     return expanded if os.path.isabs(expanded) else str(base / expanded)
 
@@ -68,18 +76,29 @@ def make_absolute(cfg: DictConfig, base: Path | None = None) -> dict[str, str]:
 ABSOLUTE_BEFORE = ("model.init_from", "model.config_path")
 
 
-def run_name(cfg: DictConfig, typed: dict[str, str]) -> str:
-    """The derived run name (launcher/plan/run_name.py). Names derived before paths were made absolute hashed
-    relative paths as typed: where only the directory of that earlier name exists, and its config.yaml reads the
+def run_name(cfg: DictConfig, typed: dict[str, str], base: Path | None = None) -> str:
+    """The derived run name (launcher/plan/run_name.py). Names derived earlier hashed other forms of the same
+    paths: relative paths as typed (before paths were made absolute), or absolute ones with their `..` parts (before
+    they were normalised). Where only the directory of such an earlier name exists, and its config.yaml reads the
     same paths from here, that is this run, and the same command goes on resuming it."""
     name = derived_run_name(cfg)
     root = Path(str(cfg.run.root))
-    earlier = {key: value for key, value in typed.items() if key not in ABSOLUTE_BEFORE}
-    if not any(map(hashed, earlier)) or (root / name).exists():
-        # The name hashes none of the paths typed relative (run.root, relative by default, is the usual one): the
-        # earlier name is this one, short of a hashed setting that interpolates such a path. Deriving it costs a
-        # copy of the config and a second hash, on every point of a sweep.
+    if (root / name).exists():
         return name
+    base = Path.cwd() if base is None else base
+    as_typed = {key: value for key, value in typed.items() if key not in ABSOLUTE_BEFORE}
+    joined = {key: _joined(value, base) for key, value in typed.items()}
+    for earlier in (as_typed, {k: v for k, v in joined.items() if v != OmegaConf.select(cfg, k)}):
+        # A name that hashes none of these paths (run.root, relative by default, is the usual one) is the same name:
+        # deriving it again would cost a copy of the config and a second hash, on every point of a sweep.
+        found = _same_run(cfg, root, earlier) if any(map(hashed, earlier)) else None
+        if found is not None:
+            return found
+    return name
+
+
+def _same_run(cfg: DictConfig, root: Path, earlier: dict[str, str]) -> str | None:
+    """The name `cfg` had with the `earlier` forms of its paths, where that run is there and reads the same paths."""
     before = pickle.loads(pickle.dumps(cfg))  # a copy, at a third of copy.deepcopy's cost
     with open_dict(before):
         for key, value in earlier.items():
@@ -88,9 +107,9 @@ def run_name(cfg: DictConfig, typed: dict[str, str]) -> str:
     try:
         saved = OmegaConf.load(root / old_name / "config.yaml")
     except Exception:  # noqa: BLE001 - none there, or unreadable: not that run
-        return name
+        return None
     if not isinstance(saved, DictConfig):
-        return name
+        return None
     make_absolute(saved)
     same = all(OmegaConf.select(saved, key, default=None) == OmegaConf.select(cfg, key) for key in earlier)
-    return old_name if same else name
+    return old_name if same else None

@@ -77,12 +77,12 @@ def test_every_path_key_is_made_absolute_against_the_launch_directory(
     typed = make_absolute(cfg)
     assert cfg.data.path == f"{here}/data/*.bin"  # a glob stays a glob; `.` parts and doubled slashes go
     assert cfg.data.sources.a.path == f"{here}/a.bin"
-    assert cfg.eval.sets.v.path == f"{here}/../v.bin"  # `..` kept: through a symlink it is what the file system says
+    assert cfg.eval.sets.v.path == f"{here.parent}/v.bin"  # `..` resolved in the text (os.path.normpath)
     assert cfg.model.init_from == f"{here}/home/weights"
-    assert cfg.model.config_path == "/abs//hf"  # absolute: kept as typed, so names derived from it do not change
+    assert cfg.model.config_path == "/abs/hf"  # absolute ones normalised too (run_name finds runs named before)
     assert cfg.run.root == f"{here}/runs"
     assert typed == {"data.path": "./data//*.bin", "data.sources.a.path": "a.bin", "eval.sets.v.path": "../v.bin",
-                     "model.init_from": "~/weights", "run.root": "runs"}
+                     "model.init_from": "~/weights", "model.config_path": "/abs//hf", "run.root": "runs"}
     assert make_absolute(cfg) == {}  # once is enough
 
 
@@ -175,3 +175,34 @@ def test_a_run_saved_with_relative_paths_says_where_to_read_them_from(here: Path
     with pytest.raises(ConfigError, match="^" + re.escape(f"data.path=data/prepared is not a file in {here} (a relative "
                                                           "path): run this from the directory the run was launched in")):
         token_sources(data, on_ranks=True)
+
+
+def test_a_dot_dot_in_a_path_names_the_same_data_and_the_same_run(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27's trial: from a/, data.path=corpus and data.path=../a/corpus gave two run directories, and
+    config.yaml kept root: .../a/../b/runs. Normalised in the text (os.path.normpath), symlinks not followed."""
+    name = compose_and_plan(DATA)[0].run.name
+    via = f"../{here.name}/data/./tok.bin"
+    cfg, plan = compose_and_plan(["data=tokens", f"data.path={hq(via)}", f"run.root={hq(f'../{here.name}//runs')}",
+                                  "logger.backend=none"])
+    assert cfg.run.name == name and cfg.data.path == str(here / "data" / "tok.bin")
+    assert cfg.run.root == str(here / "runs") and plan.run_dir == here / "runs" / name
+    link = here.parent / "link"
+    link.symlink_to(here / "data")
+    assert compose_and_plan([*DATA[:1], f"data.path={hq(f'{link}/tok.bin')}", *DATA[2:]])[0].data.path == \
+        f"{link}/tok.bin"  # a symlink stays as typed
+
+
+def test_a_run_named_with_a_dot_dot_before_goes_on_with_the_same_command(
+        here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides = ["data=tokens", f"data.path={hq(f'../{here.name}/data/tok.bin')}", "run.root=runs",
+                 "logger.backend=none"]
+    with monkeypatch.context() as before:  # absolute, '..' kept: what slurmtrain did before normalising
+        from launcher.plan import paths
+        before.setattr(paths, "absolute", paths._joined)
+        cfg, plan = compose_and_plan(overrides)
+    assert "/../" in cfg.data.path
+    rundir.prepare(cfg, plan.run_dir, argv=["launcher", *overrides])
+    old = plan.run_dir
+    cfg, plan = compose_and_plan(overrides)
+    assert plan.run_dir == old and "/../" not in cfg.data.path
+    check_run_dir(cfg, plan.run_dir, plan.world_size)  # its saved '..' paths read the same: the same settings
