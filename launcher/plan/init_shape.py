@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from contract.errors import ConfigError
 from contract.rules.hf_config import HF_TARGET, read_hf_config
 from contract.rules.hf_native import native_model_keys
-from contract.rules.init_source import KEY, hf_config_json, resolve, trained_config
+from contract.rules.init_source import KEY, WHAT_IT_TAKES, hf_config_json, resolve, trained_config
 from contract.rules.model_shape import OLD_DEFAULTS, SHAPE_KEYS, describe, effective, matters
 from contract.rundir import ckpt_layout as layout
 from launcher.checks.overrides import typed_exactly, typed_for
@@ -75,7 +75,12 @@ def source_of(cfg: DictConfig) -> Source | None:
     resumed = _resumed(cfg)
     if resumed is not None:
         return resumed
-    src = resolve(str(cfg.model.init_from))  # a missing path, a run without a checkpoint: refused as the plan does
+    init = str(cfg.model.init_from)
+    if not cfg.run.get("name") and not Path(init).exists():
+        # The derived run name hashes the shape, so only a named run can be found (and resumed) without the source.
+        raise ConfigError(f"{KEY}={init} does not exist: point it at {WHAT_IT_TAKES}; to resume a run started from "
+                          "it, name that run (run.name=NAME): its own config.yaml then gives the shape")
+    src = resolve(init)  # a missing path, a run without a checkpoint: refused as the plan does
     saved = trained_config(src)
     if saved is not None:
         model = _saved_model(saved)

@@ -198,6 +198,10 @@ def test_a_resumed_run_takes_its_own_config_and_not_the_gone_source(sources: dic
         settle(*args, "model.d_model=64")
     with pytest.raises(ConfigError, match="does not exist"):  # starting over reads the source: it must be there
         settle(*args, "run.overwrite=true")
+    # A derived run name hashes the shape: without the source, only a named run is found.
+    with pytest.raises(ConfigError, match=r"does not exist: point it at .*; to resume a run started from it, name "
+                                          r"that run \(run.name=NAME\): its own config.yaml then gives the shape$"):
+        settle(*args[:2])
 
 
 # -- models built by their own code ------------------------------------------------------------------------------
