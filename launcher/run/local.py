@@ -6,7 +6,8 @@ show rank 0 live on the terminal and put every other rank in its own log file.
 Rank 0 writes to the terminal (and to logs/rank_0.log); the other ranks write to logs/rank_N.log. If any
 worker fails, the others are stopped and the failing worker's traceback is shown. Ctrl-C, SIGUSR1, SIGTERM or
 SIGHUP to the launcher is forwarded to the workers as SIGUSR1 (checkpoint and exit); a second Ctrl-C stops them at
-once (recorded as `killed`, launcher/run/local_ends.py). Signals within INTERRUPT_WINDOW_S of the first are that
+once (recorded as `killed`, launcher/run/local_ends.py), unless they have stopped already (ended, or rank 0 recorded
+its stop): then it changes nothing. Signals within INTERRUPT_WINDOW_S of the first are that
 same interrupt delivered again: GNU timeout, for one, signals its child and then its whole process group, so the
 launcher gets one SIGINT twice at once; a second Ctrl-C that a person presses comes later.
 """
@@ -129,6 +130,10 @@ class WorkerGroup:
         if self.stop_asked is not None and now - self.stop_asked < self.window:
             return  # the same interrupt, delivered again
         if signum == signal.SIGINT and self.stop_asked is not None:
+            if self.settled():  # the stop is done: the workers are only exiting, and their end is recorded
+                print("launcher: got SIGINT again: the workers have already stopped (their end is recorded); "
+                      "waiting for them to exit", file=sys.stderr)
+                return
             self.killed = True
             print("launcher: got SIGINT again: stopping the workers now, without a checkpoint", file=sys.stderr)
             self.signal_all(signal.SIGKILL)
@@ -137,6 +142,12 @@ class WorkerGroup:
         print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop "
               "(Ctrl-C again to stop them now, losing the steps since the last checkpoint)", file=sys.stderr)
         self.signal_all(signal.SIGUSR1)
+
+    def settled(self) -> bool:
+        """Every worker has ended, or rank 0 recorded an end it reached by itself (launcher/run/local_ends.py)."""
+        if all(p.poll() is not None for p in self.procs):
+            return True
+        return bool(self.procs) and local_ends.settled(self.run_dir, self.procs[0].pid, self.started)
 
     def stop(self, deadline_s: float = GRACE_S) -> None:
         self.signal_all(signal.SIGTERM)

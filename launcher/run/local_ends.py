@@ -16,6 +16,9 @@ from typing import Any
 from contract.rundir import ckpt_layout, metrics_file
 from contract.rundir.events import local_attempt_end, local_attempt_of, record_event, start_local_attempt
 
+# Ends a rank 0 reaches by itself, its checkpoint (if any) written: its workers are only exiting after one.
+SETTLED_ENDS = ("stopped", "finished", "diverged", "preempted")
+
 
 def this_attempt(run_dir: Path, rank0_pid: int, started: float) -> tuple[int, float]:
     """The number and start time of the attempt whose rank 0 is `rank0_pid`, numbered now (as started at
@@ -24,6 +27,17 @@ def this_attempt(run_dir: Path, rank0_pid: int, started: float) -> tuple[int, fl
     if found is not None and found[1] >= started:  # not an older attempt's rank 0 that had the same pid
         return found
     return start_local_attempt(run_dir, pid=rank0_pid, start_time=started), started
+
+
+def settled(run_dir: Path, rank0_pid: int, started: float) -> bool:
+    """Whether the attempt whose rank 0 is `rank0_pid` has recorded an end it reached by itself (SETTLED_ENDS):
+    stopping its workers at once would change nothing but the record."""
+    try:
+        found = local_attempt_of(run_dir, rank0_pid)
+        end = local_attempt_end(run_dir, found[0]) if found is not None and found[1] >= started else None
+    except OSError:
+        return False
+    return end is not None and end.get("kind") in SETTLED_ENDS
 
 
 def last_logged_step(run_dir: Path) -> int | None:

@@ -170,6 +170,47 @@ def test_signals_that_arrive_together_are_one_interrupt(tmp_path: Path, monkeypa
     assert group.killed is killed
 
 
+class EndedWorker(FakeWorker):
+    def poll(self) -> int:  # type: ignore[override]
+        return 75
+
+
+@pytest.mark.parametrize("how", ["stop recorded", "workers ended"])
+def test_a_second_ctrl_c_after_a_clean_stop_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str], how: str) -> None:
+    """Issue 27's trial: 'stopped at step 13 with a complete checkpoint' (recorded), then a second SIGINT 1.5 s later
+    while the workers were exiting printed 'stopping the workers now' and the launcher exited 130, not 75."""
+    monkeypatch.delenv(local.INTERRUPT_WINDOW_ENV, raising=False)
+    group = local.WorkerGroup(tmp_path / "config.yaml", 2)
+    worker = FakeWorker if how == "stop recorded" else EndedWorker
+    group.procs = [worker(os.getpid()), worker(os.getpid() + 1)]  # type: ignore[list-item]
+    now = [1000.0]
+    monkeypatch.setattr(local.time, "monotonic", lambda: now[0])
+    try:
+        group.on_interrupt(signal.SIGINT, None)
+        if how == "stop recorded":  # rank 0 numbered its attempt and recorded its stop
+            number = start_local_attempt(tmp_path, pid=os.getpid(), start_time=group.started + 1)
+            record_event(tmp_path, "stopped", attempt=number, job=None, step=13, steps_lost=0)
+        now[0] = 1001.5
+        group.on_interrupt(signal.SIGINT, None)
+    finally:
+        group.cleanup()
+    assert not group.killed and [w.sent for w in group.procs] == [  # type: ignore[attr-defined]
+        [signal.SIGUSR1] if how == "stop recorded" else [], [signal.SIGUSR1] if how == "stop recorded" else []]
+    err = capsys.readouterr().err
+    assert "stopping the workers now" not in err and "already stopped" in err
+    # A stop not yet recorded by workers still running: the second Ctrl-C stops them at once, as before.
+    other = local.WorkerGroup(tmp_path / "other" / "config.yaml", 1)
+    other.procs = [FakeWorker(os.getpid())]  # type: ignore[list-item]
+    try:
+        other.on_interrupt(signal.SIGINT, None)
+        now[0] = 1003.0
+        other.on_interrupt(signal.SIGINT, None)
+    finally:
+        other.cleanup()
+    assert other.killed and other.procs[0].sent == [signal.SIGUSR1, signal.SIGKILL]  # type: ignore[attr-defined]
+
+
 def test_the_launcher_records_an_end_no_rank_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from contract.rundir import ckpt_layout
     from contract.rundir.metrics_file import FILE_NAME
