@@ -3,7 +3,8 @@ lets it, and no other; `make lint`).
 
 Why a login-side package reaches the compute side at all: a few commands run the model in the process where they
 are typed, with no job around them, and one entry lives under `launcher` for its name:
-    export      launcher/export.py consolidates a checkpoint's weights (any strategy, any world size) into one file
+    export      launcher/export.py consolidates a checkpoint's weights (any strategy, any world size) into one file,
+                or a verified Hugging Face directory
     sample      launcher/sample.py generates from a checkpoint on this machine
     the worker  launcher/worker.py is the compute-side entry as we start it (local workers, submitit's pickled
     evaluate    launcher/evaluate.py submits evaluation jobs of its own (the sbatch call training's rank 0 makes)
@@ -72,3 +73,10 @@ def weights_export() -> ModuleType:
     from train.weights import export
 
     return export
+
+
+def hf_export() -> ModuleType:
+    """train/weights/hf_export.py: a checkpoint's weights as a verified Hugging Face directory."""
+    from train.weights import hf_export
+
+    return hf_export

@@ -120,7 +120,7 @@ def snapshot(path: Path, target: Target, clock: bool = False, rank_by: str | Non
     notes += [Text(f"{row.name}: {eval_results.describe(row.evaluation)}") for row in rows if row.evaluation]
     notes += [Text(f"{row.name}: {harness_scores.line(row.harness)}") for row in rows if row.harness]
     notes += [Text(f"{row.name}: {describe_best(row.best)}") for row in rows if row.best]
-    notes += [Text(f"{row.name}: {hf_export.describe(row.hf_export)}", style=None if row.hf_export["ok"] else "red")
+    notes += [Text(f"{row.name}: {hf_export.describe(row.hf_export)}", style="" if row.hf_export["ok"] else "red")
               for row in rows if row.hf_export]
     notes = ([Text(ranked.describe())] if ranked is not None else []) + notes
     return Group(table(rows, total(rows) if target.sweep is not None else None, title, ranked), *notes)

@@ -76,3 +76,21 @@ def task_yaml(name: str, data_file: Path | str, dataset_path: str = "json") -> s
             "doc_to_target: gold\n"
             "target_delimiter: \"\"\n"
             "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+
+
+def write_more_tasks(directory: Path, name: str = TASK) -> list[str]:
+    """Two more tasks over NAME.jsonl in `directory`, for the other request types: NAME_gen (generate_until: the
+    next letter, greedy, exact match) and NAME_rolling (loglikelihood_rolling: each run with its answer as a
+    document, its perplexity). Their names."""
+    data = json.dumps(str(directory / f"{name}.jsonl"))
+    head = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n")
+    (directory / f"{name}_gen.yaml").write_text(
+        f"task: {name}_gen\n{head}output_type: generate_until\ndoc_to_text: \"{{{{context}}}}\"\n"
+        "doc_to_target: \"{{choices[gold]}}\"\ntarget_delimiter: \"\"\n"
+        "generation_kwargs:\n  until: [\" \"]\n  max_gen_toks: 3\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+    (directory / f"{name}_rolling.yaml").write_text(
+        f"task: {name}_rolling\n{head}output_type: loglikelihood_rolling\ndoc_to_text: \"\"\n"
+        "doc_to_target: \"{{context}}{{choices[gold]}}\"\n"
+        "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+    return [f"{name}_gen", f"{name}_rolling"]

@@ -40,6 +40,7 @@ from train.stability.runner import NOTHING, Stability
 from train.step import TrainResult, TrainState, train_step
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
+from train.weights.final_export import export_at_end
 from train.weights.init_weights import refuse_lost_init, start_from
 
 
@@ -224,6 +225,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         metrics.close()
         if own_watchdog:
             watchdog.close()
+    # checkpoint.export_hf: rank 0, after the final save and off the loop (nothing waits on it)
+    export_at_end(cfg, env, run_dir, state.step, finished=state.step >= t.max_steps and outcome.kind is None)
     return TrainResult(state, model, losses, outcome)
 
 

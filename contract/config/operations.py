@@ -38,6 +38,9 @@ class CheckpointConfig:
     # Before resuming: check every file's size against the checkpoint's manifest ("size"), or also its CRC-32
     # ("full"). A checkpoint that fails is moved to checkpoints/quarantine/ and the previous one is used.
     verify: str = "size"
+    # At the end of training, rank 0 writes the final checkpoint as a verified Hugging Face directory (what
+    # `python -m launcher.export RUN --format hf` writes) to RUN/export/hf_step_N; launcher.status names it.
+    export_hf: bool = False
 
 
 @dataclass

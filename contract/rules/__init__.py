@@ -12,5 +12,6 @@
     stability_checks.py   stability.* settings checked
     init_source.py        where model.init_from points, resolved without torch
     hf_config.py          model=hf_causal_lm: the local Hugging Face config, read as plain JSON
+    hf_export.py          which runs export as a Hugging Face model (launcher.export --format hf, checkpoint.export_hf)
     strategy_names.py     the strategies a config can name and the compute-side class of each
 """

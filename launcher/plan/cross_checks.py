@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from contract.errors import ConfigError
 from contract.rules.hf_config import HF_TARGET, apply_hf_config
+from contract.rules.hf_export import refuse_unexportable
 from launcher.checks.overrides import typed_for
 from launcher.plan.parallel import (
     MIN_MICRO_PER_STAGE,
@@ -41,6 +42,9 @@ def _check_model(cfg: DictConfig) -> None:
                           "(a config.json or its directory)")
     if m.config_path is not None:
         apply_hf_config(cfg, [k for k in ("vocab_size", "max_seq_len") if typed_for(f"model.{k}") is not None])
+    if cfg.checkpoint.get("export_hf"):
+        refuse_unexportable(m, "checkpoint.export_hf=true", "drop it, and export checkpoints with python -m "
+                            "launcher.export --format safetensors")
     if m.get("_target_"):
         return
     if m.d_model % m.n_heads:

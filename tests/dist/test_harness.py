@@ -16,7 +16,7 @@ import pytest
 
 from contract.rundir import eval_results
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
-from tests.harness_task import CHOICES, TASK, write_pattern_data, write_pattern_task
+from tests.harness_task import CHOICES, TASK, write_more_tasks, write_pattern_data, write_pattern_task
 
 pytestmark = pytest.mark.dist
 
@@ -52,14 +52,25 @@ def test_trained_model_scores_above_0_9_and_untrained_weights_near_chance(traine
 
 def test_two_fsdp_ranks_score_as_one_rank(trained: dict[str, Any]) -> None:
     """The documents split over 2 data-parallel ranks and gathered: step 0 (the same initial weights) scores the
-    same accuracy and stderr (so every document counted once) as on one rank."""
+    same accuracy and stderr (so every document counted once) as on one rank; with generate_until and
+    loglikelihood_rolling tasks too (each rank's forwards in lockstep), the in-loop scores of step 30 are those one
+    process gives on its checkpoint (launcher.evaluate)."""
+    tasks = [TASK, *write_more_tasks(trained["tasks"])]
     out = launch(*common(trained["base"] / "runs", trained["tasks"], trained["data"]), "local.nproc=2",
-                 "strategy=fsdp", f"trainer.max_steps={EVERY}", "run.name=two")
+                 "strategy=fsdp", f"trainer.max_steps={EVERY}", "run.name=two", f"eval.harness.tasks=[{','.join(tasks)}]")
     assert out.returncode == 0, out.stderr[-3000:]
-    two = {r["step"]: r for r in read_metrics(trained["base"] / "runs" / "two") if ACC in r}
+    run_dir = trained["base"] / "runs" / "two"
+    two = {r["step"]: r for r in read_metrics(run_dir) if ACC in r}
     assert two[0][ACC] == pytest.approx(trained["rows"][0][ACC], abs=1e-9)
     assert two[0][STDERR] == pytest.approx(trained["rows"][0][STDERR], rel=1e-9)
     assert two[EVERY][ACC] > 0.5
+    out = evaluate(str(run_dir), "--step", str(EVERY))
+    assert out.returncode == 0, out.stderr[-3000:]
+    alone = json.loads(eval_results.result_path(run_dir, EVERY).read_text())
+    scores = [k for k in two[EVERY] if k.startswith("harness/")]
+    assert {k.split("/")[1] for k in scores} == set(tasks)
+    for key in scores:
+        assert alone[key] == pytest.approx(two[EVERY][key], rel=1e-4, abs=1e-6), key
 
 
 def evaluate(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -101,7 +112,8 @@ def test_launcher_evaluate_refuses_a_step_without_a_complete_checkpoint(trained:
 
 def test_scores_equal_lm_evals_own_hflm_on_the_hugging_face_export(trained: dict[str, Any]) -> None:
     """The same checkpoint exported (launcher.export --format hf) and scored by lm_eval's HFLM: the in-loop score
-    and every request's log-likelihood agree within 1e-4."""
+    and every request's log-likelihood agree within 1e-4, greedy generations are the same text (a multiple-choice, a
+    generate_until and a loglikelihood_rolling task)."""
     import contextlib
     from types import SimpleNamespace
 
@@ -126,12 +138,18 @@ def test_scores_equal_lm_evals_own_hflm_on_the_hugging_face_export(trained: dict
     ours = RunLM(load_model(step_dir, cfg.model, torch.device("cpu")), strategy, torch.device("cpu"),
                  run_tokenizer(cfg.data)[0], int(cfg.model.max_seq_len), 8)
     theirs = HFLM(pretrained=str(out_dir), device="cpu", batch_size=8)
+    tasks = [TASK, *write_more_tasks(trained["tasks"])]  # generate_until and loglikelihood_rolling too
     manager = TaskManager(include_path=str(trained["tasks"]), include_defaults=False)
-    results = [simple_evaluate(model=lm, tasks=[TASK], task_manager=manager, log_samples=True)
-               for lm in (ours, theirs)]
+    results = [simple_evaluate(model=lm, tasks=tasks, task_manager=manager, log_samples=True) for lm in (ours, theirs)]
     hf = results[1]["results"][TASK]
     assert hf["acc,none"] == pytest.approx(trained["rows"][EVERY][ACC], abs=1e-4)
     assert hf["acc_stderr,none"] == pytest.approx(trained["rows"][EVERY][STDERR], abs=1e-4)
-    logprobs = [[resp[0] for doc in r["samples"][TASK] for resp in doc["filtered_resps"]] for r in results]
-    assert len(logprobs[0]) == len(logprobs[1]) == 4 * 200
-    assert max(abs(a - b) for a, b in zip(*logprobs, strict=True)) < 1e-4
+    for task in tasks:
+        answers = [[[resp[0] if isinstance(resp, tuple | list) else resp for resp in doc["filtered_resps"]]
+                    for doc in r["samples"][task]] for r in results]
+        assert len(answers[0]) == len(answers[1]) == 200, task
+        for a, b in zip(*answers, strict=True):
+            if isinstance(a[0], str):
+                assert a == b, task  # greedy generations: the same text
+            else:
+                assert a == pytest.approx(b, abs=1e-4), task  # log-likelihoods
