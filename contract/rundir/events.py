@@ -260,14 +260,23 @@ def corruption_notes(events: list[dict[str, Any]]) -> list[str]:
 
 
 def stability_notes(events: list[dict[str, Any]]) -> list[str]:
-    """One line per rollback (where from and to, why, the sample ranges skipped from then on), and the count of
-    steps not applied (train/stability)."""
+    """One line per rollback (where from and to, why, the sample ranges skipped from then on), the count of
+    steps not applied (train/stability), and, where the run's last end is a divergence, its last good checkpoint and
+    the later ones: an abandoned branch that the same command would resume."""
     notes = []
-    for e in events:
+    for i, e in enumerate(events):
         if e.get("kind") == "rollback":
             ranges = ", ".join(f"[{a}, {b})" for a, b in e.get("skipped") or []) or "none"
             notes.append(f"rolled back from step {e.get('step')} to step {e.get('to_step')} ({e.get('reason')}): "
                          f"samples {ranges} skipped")
+        abandoned = e.get("abandoned") if e.get("kind") == "diverged" else None
+        if abandoned and all(x.get("kind") in WITHIN_ATTEMPT for x in events[i + 1:]):
+            good, many = e.get("good_step"), len(abandoned) > 1
+            notes.append(f"diverged at step {e.get('step')}: "
+                         + (f"the last good checkpoint is step {good}" if good is not None else "no checkpoint is good")
+                         + f"; step{'s' * many} {', '.join(map(str, abandoned))} {'are' if many else 'is'} from the "
+                         f"abandoned branch (the newest is what the same command would resume): go on as the stop line "
+                         f"said (the end of logs/rank_0.log)")
     skipped = [e for e in events if e.get("kind") == "skipped_step"]
     if skipped:
         spikes = sum(1 for e in skipped if e.get("reason") == "spike")

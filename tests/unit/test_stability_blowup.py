@@ -383,6 +383,27 @@ def test_status_flags_a_loss_far_above_the_runs_start(tmp_path: Path, capsys: py
     assert "far above its start since step 20" in str(cell)
 
 
+def test_status_says_the_checkpoints_after_the_last_good_one_are_an_abandoned_branch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trial: status showed `ckpt 6` (written inside the trouble) while the stop line named step 4 the last good
+    one: the diverged end records both, and status says which is which."""
+    from train.faults.recovery import end_of_attempt
+
+    s = _stability(tmp_path / "d", "skip")
+    _train(s, {1: 8.3, 2: 7.0, 4: 6.5, 7: 6.5}, nonfinite=(5, 6, 7), saves=(2, 4, 6))
+    outcome = s.recover(STOP, 7)
+    assert outcome.details == {"good_step": 4, "abandoned": [6]}
+    end_of_attempt(s.run_dir, outcome, 7, 0.0)
+    notes = events_notes(s.run_dir)
+    assert any("diverged at step 7: the last good checkpoint is step 4; step 6 is from the abandoned branch" in n
+               for n in notes), notes
+
+
+def events_notes(run_dir: Path) -> list[str]:
+    from contract.rundir.events import read_events, stability_notes
+    return stability_notes(read_events(run_dir))
+
+
 def test_status_judges_by_the_runs_own_margin_and_vocabulary() -> None:
     rows = [{"step": s, "loss": v} for s, v in ((10, 5.5), (20, 8.0), (30, float("nan")), (40, 10.0))]
     assert loss_blown_since(rows, {"model": {"vocab_size": 256}}) == 20  # 8.0 > 5.5 + 2.3; nan is blown too

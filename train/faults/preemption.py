@@ -43,6 +43,7 @@ class StopOutcome:
     requeue_job: str | None  # rank 0 runs `scontrol requeue` for it after cleaning up
     stopped: bool = False  # checkpointed and stopped before max_steps (exit 0 under SLURM's SIGTERM, no requeue)
     kind: str | None = None  # the end's event kind where it is not finished/stopped/preempted ("diverged")
+    details: dict[str, Any] | None = None  # more fields for that event (a diverged run's good and abandoned steps)
 
 
 class PreemptionWatcher:

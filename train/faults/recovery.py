@@ -152,7 +152,7 @@ def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> st
         log.info("job %s was cancelled: checkpointed at step %d%s", job, step, "; not requeueing" if requeue_job else "")
         kind, requeue_job = "cancelled", None
     record_event(run_dir, kind, attempt=attempt(), job=job, host=node_name(), step=step,
-                 steps_lost=0, started=started, ended=time.time())
+                 steps_lost=0, started=started, ended=time.time(), **(outcome.details or {}))
     return requeue_job
 
 

@@ -45,7 +45,7 @@ from train.stability.monitor import NOTHING, ROLLBACK, STOP, Monitor, Trouble
 from train.stability.replicas import Disagreement, ReplicaCheck
 from train.stability.rollback import rollback
 from train.stability.state_check import state_is_finite
-from train.stability.targets import Targets
+from train.stability.targets import Targets, plain_norm
 from train.stability.verdict import NONFINITE, SCALER, SpikeRule, StepVerdict, apply_with_skip, skip_flag
 from train.stability.z_loss import ZLoss
 
@@ -195,7 +195,7 @@ class Stability:
             self.losses.observe(step, value)
         # Strict JSON: a loss that is not finite as "nan" or "inf" (ckpt_layout.marker_losses reads them back).
         self.save_losses[step] = {"loss": value if math.isfinite(value) else str(value), "best": self.losses.best}
-        norm = _plain_norm(self.norm)
+        norm = plain_norm(self.norm)
         if norm is not None:  # a collapsed model's is often zero (targets.py)
             self.save_losses[step]["grad_norm"] = norm
         for old in sorted(self.save_losses)[:-KEPT_SAVE_LOSSES]:
@@ -306,7 +306,10 @@ class Stability:
 
             _to_rank_log(logging.ERROR, line, None)
             print(line, file=sys.stderr, flush=True)
-        return StopOutcome(EXIT_DIVERGED, None, stopped=True, kind="diverged")
+        # For launcher.status: the checkpoints after the good one are an abandoned branch the same command would resume.
+        abandoned = [s for s in complete if good is None or s > good]
+        return StopOutcome(EXIT_DIVERGED, None, stopped=True, kind="diverged",
+                           details={"good_step": good, "abandoned": abandoned})
 
     def _record_skipped(self) -> None:
         """One events.jsonl line per skipped step, with its samples (rank 0)."""
@@ -328,16 +331,6 @@ class Stability:
 REASONS = {"nonfinite": "non-finite gradient norm or loss", "spike": "loss or gradient norm spike",
            "loss_scale": "a gradient overflowed in fp16 (the loss scaler skipped it and lowered its scale)",
            "collapsed": "a gradient overflowed in fp16 with the loss scale already at its floor (1): non-finite"}
-
-
-def _plain_norm(norm: Any) -> float | None:
-    """A gradient norm as a number where reading it is this rank's own business (a plain tensor or a number; a
-    DTensor's would be a collective), else None."""
-    if isinstance(norm, int | float):
-        return float(norm)
-    if type(norm) is torch.Tensor and norm.numel() == 1:
-        return float(norm)
-    return None
 
 
 def _steps(steps: list[int]) -> str:

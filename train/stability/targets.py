@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from contract.rules.blowup import collapsed, far_above, reference
 from contract.rundir import ckpt_layout as layout
@@ -49,3 +52,13 @@ class Targets:
         """The trouble's first bad step: right after the checkpoint the last rollback went to, that one is dead."""
         if self.rolled_to is not None and first == self.rolled_to + 1:
             self.dead.add(self.rolled_to)
+
+
+def plain_norm(norm: Any) -> float | None:
+    """A gradient norm as a number where reading it is this rank's own business (a plain tensor or a number; a
+    DTensor's would be a collective), else None."""
+    if isinstance(norm, int | float):
+        return float(norm)
+    if type(norm) is torch.Tensor and norm.numel() == 1:
+        return float(norm)
+    return None
