@@ -154,3 +154,28 @@ def test_keys_an_optimizer_needs_or_does_not_read_are_refused() -> None:
         check_optim(cfg.optim)
     for optim in OPTIMIZERS:  # each group option as it stands is accepted
         check_optim(compose_config([f"optim={optim}"]).optim)
+
+
+def test_a_checkpoint_grouped_before_no_decay_resumes_with_this_runs_groups() -> None:
+    """Written with the old rule (embeddings decayed), loaded into today's default grouping: each parameter gets its
+    saved state, each group keeps its configured settings (DCP alone left the decayed group without them)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from train.checkpoints.state import ModelOptimState
+
+    cfg, model, old = _built(["optim.no_decay=[vector]"])
+    x = torch.randint(0, cfg.model.vocab_size, (2, 16))
+    model(x).float().logsumexp(-1).mean().backward()
+    old.step()
+    model_sd, optim_sd = get_state_dict(model, old)
+    assert [(len(g["params"]), g["weight_decay"]) for g in optim_sd["param_groups"]] == [(15, 0.1), (5, 0.0)]
+    new = build_optimizer(model, compose_config(["strategy=single"]).optim)  # the default no_decay
+    init_optimizer_state(new)
+    configured = [{k: v for k, v in g.items() if k != "params"} for g in new.param_groups]
+    ModelOptimState(model, new).load_state_dict({"model": model_sd, "optim": optim_sd})
+    assert [{k: v for k, v in g.items() if k != "params"} for g in new.param_groups] == configured
+    assert [(len(g["params"]), g["weight_decay"]) for g in new.param_groups] == [(14, 0.1), (6, 0.0)]
+    for p in model.parameters():
+        assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
+    model(x).float().logsumexp(-1).mean().backward()
+    new.step()  # and it steps

@@ -42,6 +42,12 @@ class MuonWithAdamW(torch.optim.AdamW):
                 group.update(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
         super().__init__(groups, lr=lr, betas=betas, eps=eps, **({"fused": True} if fused else {"foreach": True}))
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """load_state_dict: AdamW's fix-ups (a step count in every state) for its own groups only."""
+        groups = state["param_groups"]
+        super().__setstate__({**state, "param_groups": [g for g in groups if not g.get("muon")]})
+        self.param_groups = groups
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         groups = self.param_groups
