@@ -178,7 +178,8 @@ def test_a_loss_blown_far_above_its_start_is_never_rolled_back_to_and_starts_ove
     assert [m["step"] for m in markers] == [2, 4, 6] and all(m["loss"] > 20 for m in markers)
     assert not [e for e in _events(run_dir) if e["kind"] == "rollback"]  # none of them was a target
     [line] = [line for line in out.stderr.splitlines() if "error:" in line]
-    assert "no good checkpoint (steps 2, 4, 6" in line and "far above its start" in line
+    assert "no good checkpoint from before the trouble" in line and "far above its start" in line
+    assert "(steps 2, 4, 6: its loss is far above the best)" in line
     args = shlex.split(line.split("with a lower learning rate (", 1)[1].split("): ", 1)[1])
     lr = float(next(a for a in args if a.startswith("optim.lr=")).split("=")[1])
     assert lr <= 1 and "run.overwrite=true" in args and not any(a.startswith("model.init_from=") for a in args)

@@ -229,10 +229,9 @@ class Stability:
         start = self.starts.get(first, self.starts.get(min(self.starts, default=first), 0))
         end = self.starts.get(last, start) + self.global_batch * (1 + margin)
         reason = f"{trouble.reason} at step {_steps(trouble.bad_steps)}"
-        target = self.ckpt.latest(where=self.targets.good(first))
         saved = rollback(self.ckpt, self.skips, step, to=self.targets.good(first), skip=[(start, end)], reason=reason)
-        if saved is not None:
-            self.targets.rolled_to = target.step if target is not None else None
+        if saved is not None:  # its trainer state's step: no second choice (a collective) to learn which it was
+            self.targets.rolled_to = int(saved["step"]) if "step" in saved else None
             self._rolled_back(saved)
         return saved
 
