@@ -70,7 +70,7 @@ def restore(ckpt: CheckpointManager, cfg: Any, env: DistEnv) -> TrainState:
 def resumed_state(saved: dict[str, Any]) -> TrainState:
     """The TrainState a checkpoint's trainer state holds."""
     saved.setdefault("data_index", LEGACY_INDEX_VERSION)
-    return TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
+    return TrainState(**{f.name: saved.get(f.name, f.default) for f in fields(TrainState)})
 
 
 def new_wandb_id(cfg: Any, env: DistEnv) -> str | None:
@@ -133,7 +133,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
-    interval = IntervalLoss()  # loss_avg: the mean loss since the previous logged row
+    interval = IntervalLoss(state.loss_sum, state.loss_steps)  # loss_avg: the mean loss since the previous row
     outcome = StopOutcome(0, None)
     validator = Validator(cfg, strategy, device)
     if validator.due_at_start(state.step, run_dir):  # step 0 (eval.at_start), or a resume at a step not validated
@@ -183,7 +183,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                     break
                 state = resumed_state(recovered)
                 metrics.rewind(state.step, state.tokens)
-                interval.reset()
+                interval = IntervalLoss(state.loss_sum, state.loss_steps)
                 prefetcher = start_prefetch(source, state, cfg, strategy, device, stability)
                 if not stop:
                     watchdog.step_finished(state.step)
@@ -199,11 +199,13 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 if prefetcher is not None:  # its thread would only compete with the save for the CPU
                     log.info("stopping at step %d: dropped %s prepared ahead; the resume starts at sample %d",
                              state.step, describe_dropped(prefetcher.close()), state.samples)
+                interval.carry(state)
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=True)
                 outcome = after_stop(env, cfg, state.step, watcher.agreed, run_dir)
                 break
             if t.ckpt_every and state.step % t.ckpt_every == 0:
+                interval.carry(state)
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=False)
                 watchdog.save_state()
@@ -212,6 +214,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             if env.is_main:
                 log.info("nothing to do: already at step %d of %d", state.step, t.max_steps)
         if state.step >= t.max_steps and outcome.kind is None:
+            interval.carry(state)
             with watchdog.section("checkpoint"):
                 ckpt.save(state, blocking=True)
             if env.is_main:

@@ -1,7 +1,8 @@
 """Logging on 2 ranks, as a user types it: logger.backend=tensorboard (and with wandb at once) writes event files
 that TensorBoard's own EventAccumulator reads, with the loss, the learning rate and the validation loss at the
 steps metrics.jsonl has; the interval mean `loss_avg` of a log_every=5 run is the mean of the steps' losses a
-log_every=1 run of the same config logs; a resumed attempt leaves each step in TensorBoard once."""
+log_every=1 run of the same config logs, also across a resume from a checkpoint between two rows; a resumed attempt
+leaves each step in TensorBoard once."""
 
 from __future__ import annotations
 
@@ -45,13 +46,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         every_5 = pool.submit(launch, *_command(root, "five", "trainer.log_every=5", "logger.backend=[wandb,tensorboard]"))
         for done in (every_step.result(), every_5.result()):
             assert done.returncode == 0, done.stderr[-3000:]
-    # Stopped by a crash after step 8 (checkpoint at 6), then the same command resumes from step 6.
-    command = _command(root, "resumed", "trainer.log_every=1", "logger.backend=tensorboard", "trainer.ckpt_every=3")
-    crashed = launch(*command, **{env_faults.MEMORY_ENV: "raise:1:8"})
+    # Each stopped by a crash, then resumed by the same command: after step 8 (checkpoint at 6), and after step 9
+    # (checkpoint at 8, between the rows of steps 6 and 10).
+    with ThreadPoolExecutor(2) as pool:
+        for done in pool.map(_crash_and_resume, [
+                _command(root, "resumed", "trainer.log_every=1", "logger.backend=tensorboard", "trainer.ckpt_every=3"),
+                _command(root, "carried", "trainer.log_every=5", "logger.backend=none", "trainer.ckpt_every=4")],
+                [8, 9]):
+            assert done
+    return root
+
+
+def _crash_and_resume(command: list[str], crash_after: int) -> bool:
+    crashed = launch(*command, **{env_faults.MEMORY_ENV: f"raise:1:{crash_after}"})
     assert crashed.returncode != 0 and "host memory exhausted on rank 1" in crashed.stderr, crashed.stderr[-3000:]
     resumed = launch(*command)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return root
+    return True
 
 
 def test_tensorboard_events_hold_the_loss_lr_and_validation_of_metrics_jsonl(runs: Path) -> None:
@@ -77,6 +88,16 @@ def test_the_interval_mean_is_the_mean_of_the_steps_losses(runs: Path) -> None:
         assert five[step]["loss_avg"] == pytest.approx(sum(losses) / len(losses), rel=1e-6)
         assert five[step]["loss"] == every[step]["loss"]  # the step's own loss beside it, bitwise
     assert all(every[k]["loss_avg"] == every[k]["loss"] for k in every)  # an interval of one step
+
+
+def test_a_run_resumed_between_two_rows_averages_the_whole_interval(runs: Path) -> None:
+    """The checkpoint at step 8 carries steps 7 and 8 of the interval that the row at step 10 closes."""
+    carried = {r["step"]: r for r in read_metrics(runs / "carried")}
+    five = {r["step"]: r for r in read_metrics(runs / "five")}
+    assert sorted(carried) == sorted(five) == [1, 5, 6, 10, 12]
+    for step, row in five.items():
+        assert carried[step]["loss"] == row["loss"]  # the same training, bitwise
+        assert carried[step]["loss_avg"] == pytest.approx(row["loss_avg"], rel=1e-6)
 
 
 def test_a_resumed_run_shows_each_step_once_in_tensorboard(runs: Path) -> None:

@@ -161,21 +161,26 @@ class MetricsLogger:
 
 
 class IntervalLoss:
-    """metrics.jsonl's `loss_avg`: the mean of the step losses since the previous logged row (or the attempt's start),
-    summed on the device (no host sync per step) and, at a log step, averaged over the ranks in the one all-reduce
-    that averages the step's own `loss`. Less noisy than the step's single batch: a sweep ranks points by it when
-    they have no validation loss (launcher/observe/ranking.py)."""
+    """metrics.jsonl's `loss_avg`: the mean of the step losses since the previous logged row, summed on the device
+    (no host sync per step) and, at a log step, averaged over the ranks in the one all-reduce that averages the
+    step's own `loss`. Less noisy than the step's single batch: a sweep ranks points by it when they have no
+    validation loss (launcher/observe/ranking.py). A checkpoint carries the interval so far (TrainState.loss_sum,
+    loss_steps: `carry` before a save), and a run resumed from it, or rolled back to it, starts from there."""
 
-    def __init__(self) -> None:
+    def __init__(self, carried_sum: float = 0.0, carried_steps: int = 0) -> None:
         self.total: Any = None
-        self.steps = 0
+        self.carried, self.steps = carried_sum, carried_steps
 
     def add(self, loss: Any) -> None:
-        self.total = loss.detach() if self.total is None else self.total + loss.detach()
+        loss = loss.detach()
+        if self.total is None:
+            self.total = loss + self.carried if self.steps else loss
+        else:
+            self.total = self.total + loss
         self.steps += 1
 
     def reset(self) -> None:
-        self.total, self.steps = None, 0
+        self.total, self.carried, self.steps = None, 0.0, 0
 
     def take(self, loss: Any) -> tuple[float, float]:
         """The step's loss and the interval's mean, each averaged over the ranks; the next interval starts."""
@@ -187,6 +192,16 @@ class IntervalLoss:
         both = all_reduce_mean(torch.stack([loss.detach().float(), mean.float()]))
         self.reset()
         return float(both[0]), float(both[1])
+
+    def carry(self, state: Any) -> None:
+        """Into `state` (a TrainState), before a save: the interval so far, averaged over the ranks (an all-reduce
+        when a step was added since the last row or the resume: every rank saves at the same step)."""
+        if self.total is None:
+            state.loss_sum, state.loss_steps = self.carried, self.steps
+            return
+        from train.distributed import all_reduce_mean
+
+        state.loss_sum, state.loss_steps = float(all_reduce_mean(self.total.float())), self.steps
 
 
 def telemetry_text(row: dict[str, Any]) -> str:
