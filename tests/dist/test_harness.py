@@ -87,11 +87,12 @@ def test_launcher_evaluate_writes_the_numbers_of_the_in_loop_pass(trained: dict[
     for key in (ACC, STDERR, "val/val/loss"):
         assert result[key] == pytest.approx(in_loop[key], rel=1e-6), key
     assert f"{TASK}/acc" in out.stdout
-    # A later evaluation of other documents replaces the scores it measures and keeps the rest.
-    out = evaluate(str(run_dir), "--step", str(EVERY), "eval.harness.limit=20")
+    # A later evaluation replaces the values it measures and keeps the rest: here the losses only.
+    out = evaluate(str(run_dir), "--step", str(EVERY), "eval.harness.tasks=[]")
     assert out.returncode == 0, out.stderr[-3000:]
     again = json.loads(eval_results.result_path(run_dir, EVERY).read_text())
     assert again["val/val/loss"] == pytest.approx(in_loop["val/val/loss"], rel=1e-6)
+    assert again[ACC] == result[ACC] and again["time"] > result["time"]
     status = subprocess.run([sys.executable, "-m", "launcher.status", str(run_dir), "--json"], cwd=ROOT,
                             env=launcher_env(), capture_output=True, text=True, timeout=120)
     row = json.loads(status.stdout)["rows"][0]
