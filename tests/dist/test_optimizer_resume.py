@@ -1,7 +1,7 @@
 """Every optimizer (optim=adamw, sgd, adafactor, muon, lion) on 2 CPU ranks (gloo, fp32), through the real launcher:
 stopped and resumed, a run equals the uninterrupted one bitwise under ddp and under fsdp, its checkpoint holds the
 optimizer's own state, and the sharded run (Muon's matrices gathered for the orthogonalisation, Adafactor's factors
-reduced over the shards) trains as the replicated one does. Muon trains tiny below SGD in the same steps."""
+reduced over the shards; FSDP and tensor parallelism) trains as the replicated one does. Muon trains tiny below SGD in the same steps."""
 
 from __future__ import annotations
 
@@ -84,6 +84,22 @@ def test_an_fsdp_checkpoint_resumes_on_another_world_size(optim: str, run_root: 
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert got[step] == pytest.approx(expected[step], rel=1e-4), (step, got, expected)
+
+
+@pytest.mark.parametrize("optim", [o for o in OPTIMIZERS if o != "adamw"])
+def test_tensor_parallel_trains_as_fsdp_alone(optim: str, run_root: Path) -> None:
+    """tp=2 (each block's matrices split by rows or columns: Muon gathers them, Adafactor reduces its factors over
+    them) against fsdp over the same 2 ranks, the same global batch."""
+    losses = {}
+    for tp in (1, 2):
+        out = launch(f"optim={optim}", "strategy=fsdp", f"parallel.tp={tp}", "model.tie_embeddings=false", *SMALL,
+                     "trainer.global_batch_size=4", "local.nproc=2", "trainer.max_steps=4", f"run.root={hq(run_root)}",
+                     f"run.name=tp{tp}")
+        assert out.returncode == 0, out.stderr[-3000:]
+        losses[tp] = _losses(run_root / f"tp{tp}")
+    assert sorted(losses[2]) == [1, 2, 3, 4]
+    for step in range(1, 5):
+        assert losses[2][step] == pytest.approx(losses[1][step], rel=1e-4), (optim, step, losses)
 
 
 def test_muon_trains_tiny_below_sgd_in_the_same_steps(run_root: Path) -> None:
