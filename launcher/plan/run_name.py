@@ -39,6 +39,8 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
 NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
                     "optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.decay_shape": "1-sqrt",
                     "optim.timescale": None, "optim.z_loss": 0.0,
+                    "optim.no_decay": ["norm", "bias", "embedding"], "optim.momentum": None, "optim.nesterov": None,
+                    "optim.ns_steps": None, "optim.beta2_decay": None, "optim.clip_threshold": None,
                     "model.norm_eps": 1e-5, "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
                     "model.init_from": None,
                     "data._target_": None, "data.args": {}, "data.sources": {}}

@@ -179,3 +179,17 @@ def test_a_checkpoint_grouped_before_no_decay_resumes_with_this_runs_groups() ->
         assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
     model(x).float().logsumexp(-1).mean().backward()
     new.step()  # and it steps
+
+
+def test_a_run_named_before_the_optimizer_keys_keeps_its_name() -> None:
+    """The same command resumes a run started before optim.no_decay and the optimizers' own keys existed."""
+    from omegaconf import OmegaConf
+
+    from launcher.plan.run_name import derived_run_name
+
+    cfg = compose_config([])
+    old = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("no_decay", "momentum", "nesterov", "ns_steps", "beta2_decay", "clip_threshold"):
+        del old["optim"][key]  # type: ignore[index]
+    assert derived_run_name(OmegaConf.create(old)) == derived_run_name(cfg)
+    assert derived_run_name(compose_config(["optim.no_decay=[vector]"])) != derived_run_name(cfg)
