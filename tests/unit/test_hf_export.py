@@ -14,6 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from contract.errors import ConfigError
 from contract.rules import hf_native as hf_native_config
 from launcher import export, sample
 from tests.hf_checkpoints import FAMILIES, bytes_data, state_of, write_run
@@ -196,7 +197,23 @@ def test_a_model_of_its_own_is_refused_for_hf_before_its_weights_are_read(tmp_pa
     OmegaConf.save(OmegaConf.create({"model": {"name": "mine", "_target_": "my_pkg.build"}, "data": {}}),
                    step / "config.yaml")
     assert export.main([str(tmp_path / "run"), "--format", "hf"]) == 2
-    assert "model._target_=my_pkg.build: use --format safetensors" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("error: --format hf takes slurmtrain's transformer or model=hf_causal_lm, and "
+                                       "this run's model is model._target_=my_pkg.build: --format safetensors "
+                                       "exports it as it is\n")
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["model.position=learned"], "checkpoint.export_hf=true: no Hugging Face class computes model.position=learned"),
+    (["model._target_=tests.fixtures.user_models.TinyLM"], "checkpoint.export_hf=true takes slurmtrain's transformer"),
+])
+def test_export_hf_at_the_end_is_refused_at_launch_for_a_model_no_class_computes(overrides: list[str],
+                                                                                  words: str) -> None:
+    from launcher.compose import compose_and_plan
+
+    with pytest.raises(ConfigError, match="drop it, and export checkpoints with python -m launcher.export "
+                                          "--format safetensors") as refused:
+        compose_and_plan([*overrides, "checkpoint.export_hf=true", "launcher.dry_run=true"])
+    assert str(refused.value).startswith(words)
 
 
 def test_no_verify_writes_an_unchecked_export_when_the_check_does_not_fit(runs: dict[str, Path], tmp_path: Path,

@@ -35,17 +35,23 @@ class Sampling:
 
 
 def load_model(step_dir: Path, model_cfg: Any, device: torch.device) -> nn.Module:
-    """The run's model with the checkpoint's weights, in eval mode. A tied weight may be saved under one of its
-    names only (DeepSpeed's consolidation); any other missing or unexpected name is refused."""
+    """The run's model with the checkpoint's weights, in eval mode."""
+    return with_weights(model_cfg, load_model_state(step_dir), f"the checkpoint at {step_dir}").to(device).eval()
+
+
+def with_weights(model_cfg: Any, state: dict[str, torch.Tensor], what: str) -> nn.Module:
+    """The run's model built from its config, holding `state` (`what` names it in the error). A tied weight may
+    be saved under one of its names only (DeepSpeed's consolidation); any other missing or unexpected name is
+    refused."""
     model = build_model(model_cfg)
-    missing, unexpected = model.load_state_dict(load_model_state(step_dir), strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False)
     tensors = model.state_dict(keep_vars=True)
     loaded = {tensors[name].data_ptr() for name in tensors if name not in missing}
     untied = [name for name in missing if tensors[name].data_ptr() not in loaded]
     if untied or unexpected:
-        raise ValueError(f"the checkpoint at {step_dir} does not fit the model its config builds: missing "
-                         f"{untied[:5]}, unexpected {list(unexpected)[:5]}")
-    return model.to(device).eval()
+        raise ValueError(f"{what} does not fit the model its config builds: missing {untied[:5]}, unexpected "
+                         f"{list(unexpected)[:5]}")
+    return model
 
 
 def next_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:

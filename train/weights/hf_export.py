@@ -35,15 +35,8 @@ DEFAULT_SHARD = "50GB"  # save_pretrained's default max_shard_size (transformers
 @dataclass
 class Exported:
     path: Path
-    architecture: str
-    dtype: str
-    files: list[str]
-    verified: Verified | None
+    verified: Verified | None  # None: written with --no-verify
     lines: list[str] = field(default_factory=list)  # what to tell the user, one line each
-
-
-def is_ours(model_cfg: Any) -> bool:
-    return not model_cfg.get("_target_")
 
 
 def hf_form(model_cfg: Any, state: dict[str, torch.Tensor], eos_id: int | None) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -56,7 +49,7 @@ def hf_form(model_cfg: Any, state: dict[str, torch.Tensor], eos_id: int | None) 
     if model_cfg.get("_target_") == HF_TARGET:
         config = load_config(str(model_cfg.config_path))
         hf_state = state
-    elif is_ours(model_cfg):
+    elif not model_cfg.get("_target_"):  # slurmtrain's own transformer
         from contract.rules.hf_native import hf_config
         from train.weights.hf_adapters import adapter
 
@@ -106,11 +99,9 @@ def save_model(config: Any, state: dict[str, torch.Tensor], out: Path, max_shard
 
 def reference_model(model_cfg: Any, state: dict[str, torch.Tensor]) -> nn.Module:
     """slurmtrain's model holding `state` (the weights as written) in float32, eval mode."""
-    from train.model.build import build_model
+    from train.model.sample import with_weights
 
-    model = build_model(model_cfg)
-    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    return model.float().eval()
+    return with_weights(model_cfg, {k: v.float() for k, v in state.items()}, "the checkpoint").float().eval()
 
 
 def host_memory_available() -> int:
@@ -185,8 +176,7 @@ def export_hf(cfg: Any, state: dict[str, torch.Tensor], out: Path, dtype: str = 
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    return Exported(out, type(config).__name__.replace("Config", ""), dtype, sorted(p.name for p in out.iterdir()),
-                     checked, describe(config, dtype, out, checked, tokenizer, why_none))
+    return Exported(out, checked, describe(config, dtype, out, checked, tokenizer, why_none))
 
 
 def describe(config: Any, dtype: str, out: Path, checked: Verified | None, tokenizer: RunTokenizer | None,
