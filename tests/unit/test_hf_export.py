@@ -244,3 +244,36 @@ def test_a_hugging_face_run_exports_with_the_runs_tokenizer(tmp_path: Path,
     folder = run / "export" / "hf_step_5"
     assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 256
     assert AutoTokenizer.from_pretrained(folder).encode("ab", add_special_tokens=False) == [97, 98]
+
+
+def test_a_prepared_tokenizer_json_and_a_padded_vocabulary_come_along(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A Hugging Face tokenizer.json (BPE trained here) is the export's tokenizer, its end-of-document token the
+    eos_token; the model's vocabulary padded past the tokenizer's (as gpt2_124m's 50304 rows for 50257 tokens) is
+    config.json's vocab_size, rows kept."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.prepared_data import write_prepared
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tokenizer.train_from_iterator(PROMPTS * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    eod, vocab = tokenizer.token_to_id("<|endoftext|>"), tokenizer.get_vocab_size()
+    write_prepared(tmp_path / "bpe data", [tokenizer.encode(" ".join(PROMPTS)).ids * 30 + [eod]], vocab=vocab,
+                   tokenizer="tokenizer.json", eod_id=eod, tokenizer_file=tmp_path / "tokenizer.json")
+    run, _ = write_run(tmp_path, "bpe", ["data=tokens", f"data.path={tmp_path / 'bpe data'}",
+                                         f"model.vocab_size={vocab + 40}"])
+    assert export.main([str(run), "--format", "hf"]) == 0
+    assert f"tokenizer tokenizer.json, eos_token_id {eod}" in capsys.readouterr().err
+    folder = run / "export" / "hf_step_5"
+    loaded = AutoTokenizer.from_pretrained(folder)
+    text = "def f(x): the quick brown fox"
+    assert loaded.encode(text, add_special_tokens=False) == tokenizer.encode(text).ids
+    assert loaded.eos_token == "<|endoftext|>" and loaded.eos_token_id == eod
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == vocab + 40
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert model.get_input_embeddings().weight.shape[0] == vocab + 40
+    assert torch.equal(model.get_input_embeddings().weight, state_of(run)["embed.weight"])  # padded rows kept
