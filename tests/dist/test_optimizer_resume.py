@@ -102,6 +102,20 @@ def test_tensor_parallel_trains_as_fsdp_alone(optim: str, run_root: Path) -> Non
         assert losses[2][step] == pytest.approx(losses[1][step], rel=1e-4), (optim, step, losses)
 
 
+@pytest.mark.parametrize("optim", ["sgd", "lion"])
+def test_zero_steps_the_elementwise_optimizers_as_ddp_does(optim: str, run_root: Path) -> None:
+    """DeepSpeed steps its client optimizer on flat partitions: an elementwise update is the same there."""
+    losses = {}
+    for strategy in ("ddp", "zero2"):
+        out = launch(f"optim={optim}", f"strategy={strategy}", *SMALL, "local.nproc=2", "trainer.max_steps=4",
+                     f"run.root={hq(run_root)}", f"run.name={strategy}")
+        assert out.returncode == 0, out.stderr[-3000:]
+        losses[strategy] = _losses(run_root / strategy)
+    assert sorted(losses["zero2"]) == [1, 2, 3, 4]
+    for step in range(1, 5):
+        assert losses["zero2"][step] == pytest.approx(losses["ddp"][step], rel=1e-5), (optim, step, losses)
+
+
 def test_muon_trains_tiny_below_sgd_in_the_same_steps(run_root: Path) -> None:
     """Each at its conf/optim defaults, the same seed and data: the mean loss of the last 5 of 30 steps."""
     final = {}

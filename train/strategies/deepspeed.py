@@ -78,6 +78,9 @@ def deepspeed_config(cfg: Any, world_size: int, pin_memory: bool = False) -> dic
         "bf16": {"enabled": dtype == "bfloat16"},
         "fp16": {"enabled": dtype == "float16", **(FP16_LOSS_SCALE if dtype == "float16" else {})},
         "wall_clock_breakdown": False,
+        # optim=sgd or lion: ZeRO steps them as it steps AdamW (elementwise updates on its partitions), though it
+        # lists only its own optimizers as tested (contract/rules/optimizers.py refuses the others).
+        **({"zero_allow_untested_optimizer": True} if cfg.optim.get("name", "adamw") != "adamw" else {}),
     }
 
 
