@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from launcher.compose import compose_and_plan
 from launcher.run.local import free_port
@@ -66,6 +67,8 @@ def run_planned(rank: int, port: int, runs: list[tuple[Any, str]], moves: dict[i
         env = distributed.detect()
         for i, (cfg, run_dir) in enumerate(runs):
             Path(run_dir).mkdir(parents=True, exist_ok=True)
+            if rank == 0:  # as the launcher writes it: the plan of a resume reads the run's own shape there
+                OmegaConf.save(cfg, Path(run_dir) / "config.yaml", resolve=True)
             train(cfg, env, torch.device("cpu"), Path(run_dir))
             if i in moves:
                 if rank == 0:
