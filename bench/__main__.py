@@ -25,6 +25,7 @@ BENCHMARKS = {
     "stability_overhead": "bench.stability_overhead",
     "replica_check": "bench.replica_check",
     "sweep_planning": "bench.sweep_planning",
+    "sample_cache": "bench.sample_cache",
 }
 
 

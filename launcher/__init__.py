@@ -7,6 +7,7 @@ What a user or a job types, and the foundations everything imports, are at the t
     report.py     python -m launcher.report: PNG plots of a run, a sweep or a run root
     export.py     python -m launcher.export: a checkpoint as safetensors or a Hugging Face model
     sample.py     python -m launcher.sample: text from a checkpoint
+    evaluate.py   python -m launcher.evaluate: validation sets and harness tasks on chosen checkpoints
     prepare/      python -m launcher.prepare: a corpus -> token shards, locally or as a SLURM array
     worker.py     python -m launcher.worker: the compute side's entry as local workers, sbatch and submitit start it
     compose.py    the config composed outside `python -m launcher` (tests, benchmarks, notebooks)

@@ -3,8 +3,10 @@ lets it, and no other; `make lint`).
 
 Why a login-side package reaches the compute side at all: a few commands run the model in the process where they
 are typed, with no job around them, and one entry lives under `launcher` for its name:
-    export      launcher/export.py consolidates a checkpoint's weights (any strategy, any world size) into one file
+    export      launcher/export.py consolidates a checkpoint's weights (any strategy, any world size) into one file,
+                or a verified Hugging Face directory
     sample      launcher/sample.py generates from a checkpoint on this machine
+    evaluate    launcher/evaluate.py submits evaluation jobs of its own (the sbatch call training's rank 0 makes)
     the worker  launcher/worker.py is the compute-side entry as we start it (local workers, submitit's pickled
                 `launcher.worker.run`, the sbatch scripts, evaluation jobs); going through `launcher` keeps our `train`
                 package ahead of a user's own train.py in the working directory
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def train(config_path: str | Path) -> int:
@@ -37,11 +40,18 @@ def probe_main() -> int:
     return main()
 
 
-def evaluate(run_dir: str, step: int) -> int:
-    """One rank of an evaluation job (train/evaluation/job.py)."""
+def evaluate(run_dir: str, step: int, config: str | None = None) -> int:
+    """One rank of an evaluation job (train/evaluation/job.py); `config`: launcher.evaluate's."""
     from train.evaluation.job import run
 
-    return run(run_dir, step)
+    return run(run_dir, step, config)
+
+
+def submit_evaluation(cfg: Any, run_dir: Path, step: int, config: Path) -> str:
+    """sbatch an evaluation job of step N with launcher.evaluate's config (train/evaluation/submit.py, torch-free)."""
+    from train.evaluation.submit import submit_evaluation
+
+    return submit_evaluation(cfg, run_dir, step, config)
 
 
 def init_from_main() -> int:
@@ -63,3 +73,10 @@ def weights_export() -> ModuleType:
     from train.weights import export
 
     return export
+
+
+def hf_export() -> ModuleType:
+    """train/weights/hf_export.py: a checkpoint's weights as a verified Hugging Face directory."""
+    from train.weights import hf_export
+
+    return hf_export

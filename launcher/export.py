@@ -1,25 +1,32 @@
-"""python -m launcher.export RUN_DIR [--step N] --format safetensors|hf [--out PATH]
+"""python -m launcher.export RUN_DIR [--step N | --best] --format safetensors|hf [--out PATH]
 
-Consolidates a run's checkpoint (the newest complete one, or --step N), written by any number of ranks with any
-strategy, into full weights on this machine's CPU: one safetensors file, or (model=hf_causal_lm) a Hugging Face
-directory that `from_pretrained` loads. Writes to RUN_DIR/export/ unless --out says where; never overwrites.
+Consolidates a run's checkpoint (the newest complete one, --step N, or --best: the one that measured best by the
+run's checkpoint.keep_best, else its first validation set's loss), written by any number of ranks with any
+strategy, into full weights on this machine's CPU: one safetensors file, or a Hugging Face directory (--format hf:
+slurmtrain's Llama- and GPT-2-style transformer as LlamaForCausalLM or GPT2LMHeadModel, a model=hf_causal_lm run as
+its own class) with config.json, generation_config.json, safetensors shards (--max-shard-size), the run's tokenizer,
+in --dtype, loaded back and compared with the run's model before it is called done (--no-verify: only for a model
+whose check does not fit in memory). Writes to RUN_DIR/export/ unless --out says where; never overwrites.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from contract.errors import EXIT_BAD_INPUT, ConfigError
-from contract.rules.hf_config import HF_TARGET
+from contract.rules.hf_export import refuse_unexportable
 from contract.rundir import ckpt_layout as layout
+from contract.rundir.hf_export import EXPORT_DIR, export_path
 from launcher import compute_seam
 
 CHECKPOINTS = layout.checkpoints_root(Path()).name
@@ -39,9 +46,21 @@ def run_and_step(path: Path, step: int | None) -> tuple[Path, int | None]:
     return path.parent.parent, int(named.group(1))
 
 
-def pick_checkpoint(run_dir: Path, step: int | None) -> layout.CheckpointDir:
+def pick_checkpoint(run_dir: Path, step: int | None, best: bool = False) -> layout.CheckpointDir:
+    """The checkpoint a command reads: the newest complete one, the one of `step`, or with `best` the one that
+    measured best (launcher/observe/ranking.py; a line on stderr says which and by what). ConfigError (one line
+    naming the fix) when there is none such."""
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a directory: pass a run directory (RUN_ROOT/RUN_NAME)")
+    if best:
+        if step is not None:
+            raise ConfigError(f"--best and the checkpoint of step {step} both choose one: drop one of them (pass the "
+                              "run directory with --best)")
+        from launcher.observe.ranking import best_of_run, describe_best
+
+        best_found, why = best_of_run(run_dir)
+        print(describe_best(best_found, why), file=sys.stderr)
+        return best_found.checkpoint
     if step is None:
         latest = layout.latest_complete_checkpoint(run_dir)
         if latest is None:
@@ -55,8 +74,8 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> layout.CheckpointDir:
 
 
 def output_path(run_dir: Path, step: int, fmt: str, out: str | None) -> Path:
-    path = Path(out).expanduser() if out else run_dir / "export" / (
-        f"step_{step}.safetensors" if fmt == "safetensors" else f"hf_step_{step}")
+    path = Path(out).expanduser() if out else (
+        export_path(run_dir, step) if fmt == "hf" else run_dir / EXPORT_DIR / f"step_{step}.safetensors")
     if path.exists():
         raise ConfigError(f"{path} exists: pass --out NEW_PATH, or remove it first (nothing is overwritten)")
     check_writable(path.resolve())
@@ -107,14 +126,42 @@ def write_or_clean_up(path: Path, write: Callable[[], None]) -> None:
 
 
 def check_format(cfg: DictConfig, fmt: str) -> None:
-    if fmt == "hf" and cfg.model.get("_target_") != HF_TARGET:
-        raise ConfigError(f"--format hf needs a model=hf_causal_lm run (this one is model={cfg.model.name}): use "
-                          "--format safetensors")
+    if fmt == "hf":
+        refuse_unexportable(cfg.model, "--format hf", "--format safetensors exports it as it is")
 
 
-def export(run_dir: Path, step: int | None, fmt: str, out: str | None) -> Path:
+@dataclass(frozen=True)
+class HFOptions:
+    """--format hf's own options (the dtype applies to both formats)."""
+    dtype: str = "float32"
+    max_shard_size: int | None = None  # bytes; None: save_pretrained's default
+    verify: bool = True
+
+
+class ExportMismatch(Exception):
+    """The written directory did not reproduce the run's model (a bug to report, not the user's input)."""
+
+
+SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]i?)?B?$", re.IGNORECASE)
+UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def shard_size(text: str) -> int:
+    """--max-shard-size in bytes: a number of bytes, or with a unit as save_pretrained reads them (5GB is 5e9
+    bytes, 2GiB 2 * 2**30)."""
+    found = SIZE.match(text.strip())
+    size = int(float(found.group(1)) * UNITS[(found.group(2) or "").upper()]) if found else 0
+    if size < 1:
+        raise ConfigError(f"--max-shard-size {text!r} is not a size: give bytes or a number with a unit (5GB, "
+                          "500MB, 2GiB)")
+    return size
+
+
+def export(run_dir: Path, step: int | None, fmt: str, out: str | None, best: bool = False,
+           options: HFOptions | None = None) -> Path:
+    options = options or HFOptions()
     run_dir, step = run_and_step(run_dir, step)
-    checkpoint = pick_checkpoint(run_dir, step)
+    checkpoint = pick_checkpoint(run_dir, step, best)
     cfg = OmegaConf.load(checkpoint.path / "config.yaml")
     assert isinstance(cfg, DictConfig)
     check_format(cfg, fmt)
@@ -124,12 +171,25 @@ def export(run_dir: Path, step: int | None, fmt: str, out: str | None) -> Path:
     tied = tied_weights(cfg) if fmt == "safetensors" else []  # save_pretrained finds them itself
     state = consolidate.load_model_state(checkpoint.path)
     if fmt == "safetensors":
-        metadata = {"step": str(checkpoint.step), "model": str(cfg.model.name)}
+        metadata = {"step": str(checkpoint.step), "model": str(cfg.model.name), "dtype": options.dtype}
+        state = compute_seam.hf_export().cast(state, options.dtype)
         write_or_clean_up(path, lambda: consolidate.save_safetensors(state, path, metadata, tied))
     else:
-        write_or_clean_up(path, lambda: consolidate.save_hf(state, cfg.model.config_path, path))
-    follow_umask(path)
+        write_or_clean_up(path, lambda: export_hf(cfg, state, path, options))
+    consolidate.follow_umask(path)
     return path
+
+
+def export_hf(cfg: DictConfig, state: object, path: Path, options: HFOptions) -> None:
+    hf = compute_seam.hf_export()
+    shard = options.max_shard_size if options.max_shard_size is not None else hf.DEFAULT_SHARD
+    try:
+        exported = hf.export_hf(cfg, state, path, options.dtype, shard, options.verify)
+    except hf.ExportMismatch as err:
+        raise ExportMismatch(f"the Hugging Face directory did not reproduce the run's model: {err}: nothing was "
+                             "written; please report it with the transformers version") from None
+    for line in exported.lines:
+        print(line, file=sys.stderr)
 
 
 def tied_weights(cfg: DictConfig) -> list[list[str]]:
@@ -150,28 +210,44 @@ def tied_weights(cfg: DictConfig) -> list[list[str]]:
         return []
 
 
-def follow_umask(path: Path) -> None:
-    """Give what export wrote the mode that open() and mkdir() give under the user's umask, as every other file
-    of a run has: safetensors writes its files 0600 (through a temporary file), whatever the umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for written in [path, *path.rglob("*")] if path.is_dir() else [path]:
-        written.chmod((0o777 if written.is_dir() else 0o666) & ~mask)
+def add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
+    """--step N or --best (export, sample, evaluate): which checkpoint of the run."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
+    which.add_argument("--best", action="store_true",
+                       help="the complete checkpoint that measured best: by the run's checkpoint.keep_best, else its "
+                       "first validation set's loss")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint (RUN_DIR/checkpoints/step_N)")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
+    add_checkpoint_choice(parser)
     parser.add_argument("--format", choices=("safetensors", "hf"), default="safetensors")
     parser.add_argument("--out", default=None, help="where to write (default: RUN_DIR/export/...)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="the weights' dtype as written (default float32, the checkpoint's)")
+    parser.add_argument("--max-shard-size", default=None,
+                        help="--format hf: split the safetensors past this size, with model.safetensors.index.json "
+                        "(default: save_pretrained's, 50GB)")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="--format hf: skip loading the export back and comparing it with the run's model; only "
+                        "for a model whose check does not fit in this machine's memory")
     args = parser.parse_args(argv)
     try:
-        path = export(args.run_dir.expanduser().resolve(), args.step, args.format, args.out)
+        if args.format != "hf" and (args.max_shard_size is not None or args.no_verify):
+            raise ConfigError(f"{'--max-shard-size' if args.max_shard_size is not None else '--no-verify'} applies "
+                              "to --format hf: drop it, or add --format hf")
+        options = HFOptions(args.dtype, None if args.max_shard_size is None else shard_size(args.max_shard_size),
+                            not args.no_verify)
+        path = export(args.run_dir.expanduser().resolve(), args.step, args.format, args.out, args.best, options)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ExportMismatch as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(path)
     return 0
 

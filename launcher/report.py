@@ -5,12 +5,19 @@ e.g. outputs/): a run root gets one figure of each kind overlaying every run bel
 `--overlay OUT` overlays the runs of every DIR given instead (loss.png and tokens_per_s.png), written into OUT.
 
     loss.png                   three panels over the step, one line per run in the same colour in each (a sweep's
-                               points labelled by their swept values): the loss, the learning rate (on a log axis
+                               points labelled by their swept values): the loss (faint as logged, under its
+                               smoothed line: TensorBoard's moving average, --smoothing), the learning rate (on a log axis
                                when the runs' peak rates span more than 10x, as in a learning-rate sweep) and the
                                gradient norm; on the loss panel, each validation set's loss (in-loop or from
                                evaluation jobs) in the run's colour, dotted with circles, a dash pattern per set
     tokens_per_s.png           one line per run
-    final_loss_vs_<key>.png    sweeps only, one per swept key: the final loss of each finished point
+    harness.png                with eval.harness.tasks: each task's scores against the step (error bars: their
+                               stderr), one panel per task, each run's validation loss dotted on the right axis
+                               (launcher/observe/harness_figure.py)
+    final_loss_vs_<key>.png    sweeps only, one per swept key: each finished point's final value of the metric the
+                               sweep is ranked by (--rank-by METRIC; default: the first validation set's loss when
+                               the points have one, else the training loss averaged over the last logged interval;
+                               launcher/observe/ranking.py), the axis and title saying which, a star on the best
 
 The training figures read the rows of training steps only (metrics_file.training_rows): a row of validation alone
 has no loss and measured no throughput. The legend sits above the panels, never over a line or a point.
@@ -27,6 +34,7 @@ imported inside the functions: `launcher.status` and the rest of the launcher ne
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections import Counter
@@ -37,6 +45,7 @@ from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.checks.overrides import override_key
 from launcher.observe.figures import (
     METRICS,
+    SMOOTHING,
     final_loss_figure,
     final_losses,
     line_figure,
@@ -45,6 +54,7 @@ from launcher.observe.figures import (
     save,
     training_figure,
 )
+from launcher.observe.ranking import rank_runs
 from launcher.observe.runs import DAMAGED, RunRef, Target, find_runs, load_config
 from launcher.sweeps.sweepdir import is_sweep_dir
 
@@ -99,15 +109,33 @@ def out_dir(path: Path) -> Path:
     return path
 
 
-def write_report(path: Path, target: Target, title: str) -> list[Path]:
-    written = [save(training_figure(target.runs, title), path / "loss.png")]
+def write_report(path: Path, target: Target, title: str, rank_by: str | None = None,
+                 smoothing: float = SMOOTHING) -> list[Path]:
+    written = [save(training_figure(target.runs, title, smoothing), path / "loss.png")]
     written += [save(line_figure(metric_series(target.runs, key), label, title), path / f"{key}.png")
                 for key, label in METRICS.items()]
+    from launcher.observe.harness_figure import harness_figure
+
+    scores = harness_figure(target.runs, title)
+    written += [save(scores, path / "harness.png")] if scores is not None else []
     if target.sweep is not None:
+        ranked = rank_runs([run.run_dir for run in target.runs], rank_by)
         for key in dict.fromkeys(map(override_key, target.sweep.swept)):
-            fig = final_loss_figure(final_losses(target.sweep, target.runs, key), key, title)
+            fig = final_loss_figure(final_losses(target.sweep, target.runs, key, ranked), key, title, ranked)
             written.append(save(fig, path / plot_file_name(key)))
     return written
+
+
+def smoothing_weight(text: str) -> float:
+    """--smoothing's weight; ConfigError (one line) unless 0 <= weight < 1."""
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = math.nan
+    if not 0 <= weight < 1:
+        raise ConfigError(f"--smoothing {text} is not a weight in [0, 1): pass --smoothing 0.6 (TensorBoard's "
+                          "default; higher is smoother) or --smoothing 0 for the logged loss alone")
+    return weight
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,18 +144,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlay", type=Path, metavar="OUT",
                         help="draw the runs of every DIR together (loss.png and tokens_per_s.png, one line per run) "
                              "into the directory OUT, made if missing, instead of a report in each DIR")
+    parser.add_argument("--rank-by", metavar="METRIC",
+                        help="a sweep's final_loss_vs_KEY.png plots this key of the points' measurements "
+                        "(val/NAME/loss, harness/TASK/METRIC, loss; METRIC:max or :min when its name does not say "
+                        "which way is better); default: the first validation set's loss, else the training loss "
+                        "averaged over the last logged interval")
+    parser.add_argument("--smoothing", metavar="WEIGHT", default=str(SMOOTHING),
+                        help="loss.png's smoothed training loss over the faint logged one: TensorBoard's exponential "
+                             f"moving average of this weight, 0 <= WEIGHT < 1 (default {SMOOTHING}; 0: the logged "
+                             "loss alone)")
     args = parser.parse_args(argv)
     try:
+        smoothing = smoothing_weight(args.smoothing)
         # Every DIR checked before anything is written.
         if args.overlay is not None:
             loaded = [(out_dir(args.overlay), *overlay(args.dirs))]
         else:
             loaded = [(path, *load(path)) for path in args.dirs]
+        if args.rank_by:
+            sweeps = [target for _, target, _ in loaded if target.sweep is not None]
+            if not sweeps:
+                raise ConfigError(f"--rank-by {args.rank_by} ranks a sweep's points (final_loss_vs_KEY.png), and no "
+                                  "DIR is a sweep directory: pass one (run.root/sweeps/NAME), or drop --rank-by")
+            for target in sweeps:
+                rank_runs([run.run_dir for run in target.runs], args.rank_by)  # a metric no point measured: refused
         for path, target, title in loaded:
             for _, damage in damaged_runs(target):
                 print(f"warning: {damage}", file=sys.stderr)
             path.mkdir(parents=True, exist_ok=True)
-            for written in write_report(path, target, title):
+            for written in write_report(path, target, title, args.rank_by, smoothing):
                 print(written)
     except (ConfigError, OSError) as err:
         message = err if isinstance(err, ConfigError) else f"cannot write the plots: {err}; check the directory"

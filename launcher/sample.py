@@ -1,9 +1,11 @@
-"""python -m launcher.sample RUN_DIR [--step N] (--prompt TEXT | --tokens 1,2,3) [--max-new-tokens K]
-[--temperature T] [--top-k K] [--seed S] [--ids]
+"""python -m launcher.sample RUN_DIR [--step N | --best] (--prompt TEXT | --tokens 1,2,3) [--max-new-tokens K]
+[--temperature T] [--top-k K] [--seed S] [--ids] [--no-cache]
 
-Generates from a run's checkpoint (the newest complete one, or --step N), written by any number of ranks with any
-strategy, on this machine (one process; a GPU when there is one): greedy by default (--temperature 0), or sampled
-from softmax(logits / T) over the --top-k most likely ids. --prompt is encoded with the run's tokenizer (the one
+Generates from a run's checkpoint (the newest complete one, --step N, or --best: the one that measured best, as
+launcher.export --best), written by any number of ranks with any strategy, on this machine (one process; a GPU
+when there is one), each new token reading a key/value cache (--no-cache: the whole window re-run per token; the
+same output): greedy by default (--temperature 0), or sampled from softmax(logits / T) over the --top-k most likely
+ids. --prompt is encoded with the run's tokenizer (the one
 its prepared dataset names); a run without one (synthetic data, token files, a dataset of its own) takes the
 prompt as ids with --tokens. Prints the prompt and its continuation: as text when the run has a tokenizer, as
 ids otherwise (or with --ids). Generation stops early at the run's end-of-document id.
@@ -19,10 +21,10 @@ from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
+from contract.data.run_tokenizer import RunTokenizer, run_tokenizer
 from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher import compute_seam
-from launcher.export import pick_checkpoint, run_and_step
-from launcher.observe.run_tokenizer import RunTokenizer, run_tokenizer
+from launcher.export import add_checkpoint_choice, pick_checkpoint, run_and_step
 
 HELP = "see python -m launcher.sample --help"
 
@@ -101,7 +103,7 @@ def describe(args: argparse.Namespace) -> str:
 def sample(args: argparse.Namespace) -> str:
     check_sampling(args)
     run_dir, step = run_and_step(args.run_dir.expanduser().resolve(), args.step)
-    checkpoint = pick_checkpoint(run_dir, step)
+    checkpoint = pick_checkpoint(run_dir, step, args.best)
     cfg = load_config(checkpoint.path)
     tokenizer, why_none = run_tokenizer(cfg.data)
     ids = prompt_ids(args, tokenizer, why_none, run_dir, int(cfg.model.vocab_size))
@@ -110,7 +112,8 @@ def sample(args: argparse.Namespace) -> str:
           file=sys.stderr)
 
     sampler = compute_seam.sampling()
-    sampling = sampler.Sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed, stop_id)
+    sampling = sampler.Sampling(args.max_new_tokens, args.temperature, args.top_k, args.seed, stop_id,
+                                cache=not args.no_cache)
     new = sampler.sample(checkpoint.path, cfg.model, ids, sampling)
     if tokenizer is None or args.ids:
         return ",".join(map(str, ids + new))
@@ -124,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m launcher.sample", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint (RUN_DIR/checkpoints/step_N)")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
+    add_checkpoint_choice(parser)
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help="text to continue, encoded with the run's tokenizer")
     given.add_argument("--tokens", help="the prompt as comma-separated token ids")
@@ -133,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely ids (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
     parser.add_argument("--ids", action="store_true", help="print token ids, not text")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="re-run the whole window for every new token instead of reading the key/value cache "
+                        "(slower; the same output)")
     return parser
 
 

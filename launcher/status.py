@@ -1,9 +1,11 @@
-"""`python -m launcher.status [DIR] [--json] [--watch [SECONDS]]`: one row per run of a run, sweep or run root.
+"""`python -m launcher.status [DIR] [--json] [--watch [SECONDS]] [--rank-by METRIC]`: one row per run of a run,
+sweep or run root.
 
 DIR is a run directory (config.yaml), a sweep directory (sweep.json) or a directory holding run directories
 (run.root, e.g. outputs/); or a prepared dataset directory (launcher.prepare.status: one row, complete or not).
 Which runs DIR holds: launcher/observe/runs.py; each run's row: launcher/observe/run_rows.py. This module draws
-the table, its notes and the watch loop.
+the table, its notes and the watch loop. A sweep's rows (any DIR's with --rank-by) are ranked, best first, by one
+metric (launcher/observe/ranking.py), and a line under the table says which.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import EXIT_BAD_INPUT, ConfigError
-from contract.rundir import eval_results, metrics_file, validation_log
-from launcher.observe.run_rows import Row, collect, total
+from contract.rundir import eval_results, harness_scores, hf_export, metrics_file, validation_log
+from launcher.observe.ranking import SweepRanking, rank_runs
+from launcher.observe.run_rows import Row, collect, describe_best, total
 from launcher.observe.runs import Target, find_runs
 
 WATCH_DEFAULT_S = 10.0
@@ -43,7 +46,20 @@ def state_cell(row: Row) -> Any:
     return row.state
 
 
-def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
+def rank(target: Target, rows: list[Row], rank_by: str | None, best_first: bool = True) -> SweepRanking | None:
+    """A sweep's rows (any target's with --rank-by) ranked: each row's rank and value, and for the table the rows
+    best first, those without a value last in their order (--json keeps the points' order); None: not ranked."""
+    if target.sweep is None and not rank_by:
+        return None
+    ranked = rank_runs([run.run_dir for run in target.runs], rank_by)
+    for row, run in zip(rows, target.runs, strict=True):
+        row.rank, row.rank_value = ranked.ranks.get(run.run_dir), ranked.values.get(run.run_dir)
+    if best_first:
+        rows.sort(key=lambda row: (row.rank is None, row.rank or 0))
+    return ranked
+
+
+def table(rows: list[Row], summary: dict[str, Any] | None, title: str, ranked: SweepRanking | None = None) -> Any:
     from rich import box
     from rich.table import Table
 
@@ -53,11 +69,15 @@ def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
     show_validation = any(row.validation for row in rows)
     out = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                 padding=(0, 1, 0, 0))
+    if ranked is not None:
+        out.add_column("rank", justify="right", no_wrap=True)
     out.add_column("run", min_width=8)
     for header in ("job", "state", "step", "ckpt", "requeues", "ends", "goodput", "loss", "tokens/s"):
         out.add_column(header, justify="left" if header in ("job", "state") else "right", no_wrap=True)
     if show_validation:
         out.add_column("val loss @step", justify="left")
+    if ranked is not None:
+        out.add_column(ranked.header, justify="right", no_wrap=True)
     for unit, _ in hour_units:
         out.add_column(unit, justify="right", no_wrap=True)
     if show_cost:
@@ -69,31 +89,41 @@ def table(rows: list[Row], summary: dict[str, Any] | None, title: str) -> Any:
                  "-" if row.goodput is None else f"{row.goodput:.0%}", _fmt(row.loss, ".4f"),
                  _fmt(row.tokens_per_s, ",.0f")]
         cells += [validation_log.describe(row.validation)] if show_validation else []
+        if ranked is not None:
+            cells = [_fmt(row.rank, "d"), *cells, _fmt(row.rank_value, ".4f")]
         cells += [_fmt(getattr(row, key), ".2f") for _, key in hour_units]
         out.add_row(*cells, *([_fmt(row.cost, ",.2f")] if show_cost else []))
     if summary is not None:
         states = ", ".join(f"{n} {state}" for state, n in sorted(summary["states"].items()))
         cells = [f"total ({summary['runs']} runs)", "", states, "", "", _fmt(summary["requeues"], ".0f"), "", "", "",
                  ""] + ([""] if show_validation else [])
+        cells = ["", *cells, ""] if ranked is not None else cells
         cells += [_fmt(summary[key], ".2f") for _, key in hour_units]
         out.add_row(*cells, *([_fmt(summary["cost"], ",.2f")] if show_cost else []), style="bold", end_section=True)
     return out
 
 
-def snapshot(path: Path, target: Target, clock: bool = False) -> Any:
+def snapshot(path: Path, target: Target, clock: bool = False, rank_by: str | None = None) -> Any:
     """The table, then one line per damaged run's config.yaml and per run whose last attempt died of its
-    environment, each with its way out (too long for a cell)."""
+    environment, each with its way out (too long for a cell); the ranking's metric; each run's best checkpoint and
+    its Hugging Face export (checkpoint.export_hf)."""
     from rich.console import Group
     from rich.text import Text
 
     rows = collect(target)
+    ranked = rank(target, rows, rank_by)
     title = f"{path.resolve()}  {time.strftime('%X')}" if clock else str(path.resolve())
     notes = [Text(f"{row.name}: {row.config_damage}", style="red") for row in rows if row.config_damage]
     notes += [Text(f"{row.name}: {row.ending}", style="red") for row in rows if row.ending]
     notes += [Text(f"{row.name}: {note}", style="red") for row in rows for note in row.corruption]
     notes += [Text(f"{row.name}: {note}", style="yellow") for row in rows for note in row.stability]
     notes += [Text(f"{row.name}: {eval_results.describe(row.evaluation)}") for row in rows if row.evaluation]
-    return Group(table(rows, total(rows) if target.sweep is not None else None, title), *notes)
+    notes += [Text(f"{row.name}: {harness_scores.line(row.harness)}") for row in rows if row.harness]
+    notes += [Text(f"{row.name}: {describe_best(row.best)}") for row in rows if row.best]
+    notes += [Text(f"{row.name}: {hf_export.describe(row.hf_export)}", style="" if row.hf_export["ok"] else "red")
+              for row in rows if row.hf_export]
+    notes = ([Text(ranked.describe())] if ranked is not None else []) + notes
+    return Group(table(rows, total(rows) if target.sweep is not None else None, title, ranked), *notes)
 
 
 def console() -> Any:
@@ -103,8 +133,9 @@ def console() -> Any:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
-def watch(path: Path, target: Target, every_s: float) -> int:
-    return _watch(lambda first: snapshot(path, target if first else find_runs(path), clock=True), every_s)
+def watch(path: Path, target: Target, every_s: float, rank_by: str | None = None) -> int:
+    return _watch(lambda first: snapshot(path, target if first else find_runs(path), clock=True, rank_by=rank_by),
+                  every_s)
 
 
 def _watch(render: Any, every_s: float) -> int:
@@ -145,6 +176,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help='print {"rows": [...], "total": {...}}')
     parser.add_argument("--watch", nargs="?", const=WATCH_DEFAULT_S, type=float, metavar="SECONDS",
                         help=f"refresh every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C")
+    parser.add_argument("--rank-by", metavar="METRIC",
+                        help="rank the runs, best first, by this key of their measurements (val/NAME/loss, "
+                        "harness/TASK/METRIC, loss; METRIC:max or :min when its name does not say which way is "
+                        "better); default for a sweep: the first validation set's loss, else the training loss "
+                        "averaged over the last logged interval")
     return parser.parse_args(argv)
 
 
@@ -161,14 +197,20 @@ def main(argv: list[str] | None = None) -> int:
             if is_preparation(args.dir):
                 return preparation(args.dir, args.json, args.watch)
         target = find_runs(args.dir)
+        if args.rank_by:
+            rank_runs([run.run_dir for run in target.runs], args.rank_by)  # a metric no run measured: refused now
         if args.watch is not None:
-            return watch(args.dir, target, args.watch)
+            return watch(args.dir, target, args.watch, args.rank_by)
         if args.json:
             rows = collect(target)
+            ranked = rank(target, rows, args.rank_by, best_first=False)
             # Strict JSON: a non-finite loss prints as "nan" / "inf", as in metrics.jsonl.
-            print(metrics_file.dumps({"rows": [asdict(row) for row in rows], "total": total(rows)}, indent=2))
+            extra = {} if ranked is None else {"ranked_by": {"metric": ranked.ranking.metric, "words": ranked.words,
+                                                             "direction": ranked.ranking.direction}}
+            print(metrics_file.dumps({"rows": [asdict(row) for row in rows], "total": total(rows), **extra},
+                                     indent=2))
             return 0
-        console().print(snapshot(args.dir, target))
+        console().print(snapshot(args.dir, target, rank_by=args.rank_by))
         return 0
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
     python -m launcher.worker --config RUN_DIR/config.yaml
     python -m launcher.worker --probe  < request.json     (launcher/plan/probe.py: what a user's model is made of)
-    python -m launcher.worker --evaluate RUN_DIR STEP     (an evaluation job's rank: train/evaluation/job.py)
+    python -m launcher.worker --evaluate RUN_DIR STEP [CONFIG]  (an evaluation job's rank: train/evaluation/job.py;
+                                                           CONFIG: launcher.evaluate's, else the checkpoint's)
     python -m launcher.worker --init-from < request.json  (launcher/plan/init_from.py: do model.init_from's weights fit)
 
 Going through `launcher` first (see launcher/__init__.py) keeps our `train` package ahead of a user's own train.py
@@ -25,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--probe"]:
         return compute_seam.probe_main()
-    if argv[:1] == ["--evaluate"] and len(argv) == 3:
-        return compute_seam.evaluate(argv[1], int(argv[2]))
+    if argv[:1] == ["--evaluate"] and len(argv) in (3, 4):
+        return compute_seam.evaluate(argv[1], int(argv[2]), argv[3] if len(argv) == 4 else None)
     if argv[:1] == ["--init-from"]:
         return compute_seam.init_from_main()
     return compute_seam.train_main(argv)

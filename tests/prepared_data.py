@@ -12,9 +12,14 @@ from contract.data import manifest as mf
 
 
 def write_prepared(root: Path, train: Sequence[Sequence[int]], val: Sequence[Sequence[int]] = (),
-                   vocab: int = 257, tokenizer: str = "bytes", eod_id: int = 256) -> mf.Manifest:
-    """A prepared dataset at `root`: one shard per list of ids in each split, a tokenizer named `tokenizer`."""
-    info = mf.TokenizerInfo(tokenizer, None, vocab, tokenizer if tokenizer == "bytes" else f"sha256:{tokenizer}")
+                   vocab: int = 257, tokenizer: str = "bytes", eod_id: int = 256,
+                   tokenizer_file: Path | None = None) -> mf.Manifest:
+    """A prepared dataset at `root`: one shard per list of ids in each split, a tokenizer named `tokenizer` (with
+    `tokenizer_file`: that tokenizer.json, by path and sha256, as launcher.prepare records one)."""
+    fingerprint = tokenizer if tokenizer == "bytes" else f"sha256:{tokenizer}"
+    if tokenizer_file is not None:
+        fingerprint = "sha256:" + hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()
+    info = mf.TokenizerInfo(tokenizer, None if tokenizer_file is None else str(tokenizer_file), vocab, fingerprint)
     dtype = mf.dtype_for_vocab(vocab)
     shards: dict[str, list[mf.Shard]] = {}
     for split, arrays in (("train", train), ("val", val)):

@@ -6,7 +6,8 @@ directory through the contract (contract/) and never imports launcher/.
     entry.py       a rank's main: the environment, the process group, the run's pieces, the loop
     loop.py        the training loop: resume, micro steps, the optimizer step, log, agree on stopping, save
     distributed.py rank, world and master address -> process group and device
-    optim.py       the optimizer and its schedule
+    optim.py       the optimizer (optim.name) over its parameter groups (optim.no_decay), and its schedule
+    optimizers/    Muon with AdamW, Adafactor on DTensor shards, SGD and Lion: what torch's classes can't do as we need
     model/         slurmtrain's transformer, a user's or a Hugging Face model built, probed, sampled
     data/          samples as a pure function of the global index: token files, mixtures, prefetching
     strategies/    one Strategy protocol, one module per backend (DDP, FSDP, DeepSpeed, TP, PP)

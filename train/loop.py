@@ -16,6 +16,7 @@ import torch
 
 from contract.config.schema import TrainerConfig
 from contract.data.fingerprint import data_fingerprint, refuse_changed_data
+from contract.rules.log_backends import backends
 from contract.rundir.events import settle_steps_lost
 from train import distributed
 from train.checkpoints.manager import CheckpointManager
@@ -27,18 +28,19 @@ from train.data import (
 )
 from train.data.index import INDEX_VERSION, LEGACY_INDEX_VERSION
 from train.data.prefetch import BatchPrefetcher, describe_dropped
-from train.distributed import DistEnv, all_reduce_mean
+from train.distributed import DistEnv
 from train.evaluation.validator import Validator
 from train.faults.preemption import PreemptionWatcher, StopOutcome, after_stop
 from train.faults.signals import StopFlag, preempt_signal
 from train.faults.watchdog import Watchdog
 from train.model.build import build_model, flops_per_token
-from train.observe.metrics import MetricsLogger, log
+from train.observe.metrics import IntervalLoss, MetricsLogger, log
 from train.observe.telemetry import Telemetry
 from train.stability.runner import NOTHING, Stability
 from train.step import TrainResult, TrainState, train_step
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
+from train.weights.final_export import export_at_end
 from train.weights.init_weights import refuse_lost_init, start_from
 
 
@@ -68,11 +70,11 @@ def restore(ckpt: CheckpointManager, cfg: Any, env: DistEnv) -> TrainState:
 def resumed_state(saved: dict[str, Any]) -> TrainState:
     """The TrainState a checkpoint's trainer state holds."""
     saved.setdefault("data_index", LEGACY_INDEX_VERSION)
-    return TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
+    return TrainState(**{f.name: saved.get(f.name, f.default) for f in fields(TrainState)})
 
 
 def new_wandb_id(cfg: Any, env: DistEnv) -> str | None:
-    if not env.is_main or cfg.logger.backend != "wandb":
+    if not env.is_main or "wandb" not in backends(cfg.logger.backend):
         return None
     from wandb.sdk.lib.runid import generate_id
 
@@ -131,6 +133,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
+    interval = IntervalLoss(state.loss_sum, state.loss_steps)  # loss_avg: the mean loss since the previous row
     outcome = StopOutcome(0, None)
     validator = Validator(cfg, strategy, device)
     if validator.due_at_start(state.step, run_dir):  # step 0 (eval.at_start), or a resume at a step not validated
@@ -147,6 +150,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark,
                               prefetcher, stability.z)
             watchdog.mark()
+            interval.add(loss)
             ckpt.ready_for_update()  # an asynchronous save's copy of the state, overlapping this step, is done
             grad_norm = strategy.optimizer_step(stability.check(loss, state.step + 1))
             telemetry.end_step()
@@ -157,10 +161,11 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             # Before the stop agreement: a signal that comes during validation stops at this step, as always.
             val = validate(validator, model, watchdog, metrics) if validator.due(state.step) else {}
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps) or val:
-                logged = losses[state.step] = float(all_reduce_mean(loss))
+                logged, loss_avg = interval.take(loss)
+                losses[state.step] = logged
                 metrics.log(state.step, state.tokens,
                             {**telemetry.collect(state.step, strategy), **data_progress(source, state.samples)},
-                            loss=logged, lr=lr, grad_norm=float(grad_norm),
+                            loss=logged, loss_avg=loss_avg, lr=lr, grad_norm=float(grad_norm),
                             **stability.log_fields(state.step, logged), **val)
             metrics.tick(state.step, logged)
             stop = state.step < t.max_steps and watcher.stop_requested(state.step, stability.wanted())
@@ -178,6 +183,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                     break
                 state = resumed_state(recovered)
                 metrics.rewind(state.step, state.tokens)
+                interval = IntervalLoss(state.loss_sum, state.loss_steps)
                 prefetcher = start_prefetch(source, state, cfg, strategy, device, stability)
                 if not stop:
                     watchdog.step_finished(state.step)
@@ -193,11 +199,13 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 if prefetcher is not None:  # its thread would only compete with the save for the CPU
                     log.info("stopping at step %d: dropped %s prepared ahead; the resume starts at sample %d",
                              state.step, describe_dropped(prefetcher.close()), state.samples)
+                interval.carry(state)
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=True)
                 outcome = after_stop(env, cfg, state.step, watcher.agreed, run_dir)
                 break
             if t.ckpt_every and state.step % t.ckpt_every == 0:
+                interval.carry(state)
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=False)
                 watchdog.save_state()
@@ -206,6 +214,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             if env.is_main:
                 log.info("nothing to do: already at step %d of %d", state.step, t.max_steps)
         if state.step >= t.max_steps and outcome.kind is None:
+            interval.carry(state)
             with watchdog.section("checkpoint"):
                 ckpt.save(state, blocking=True)
             if env.is_main:
@@ -219,6 +228,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         metrics.close()
         if own_watchdog:
             watchdog.close()
+    # checkpoint.export_hf: rank 0, after the final save and off the loop (nothing waits on it)
+    export_at_end(cfg, env, run_dir, state.step, finished=state.step >= t.max_steps and outcome.kind is None)
     return TrainResult(state, model, losses, outcome)
 
 

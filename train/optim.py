@@ -1,21 +1,69 @@
-"""AdamW and its learning-rate schedule (optim.schedule, closed forms of the step in train/schedules.py)."""
+"""The optimizer (optim.name: contract/rules/optimizers.py) over its parameter groups, and its learning-rate schedule
+(optim.schedule, closed forms of the step in contract/rules/schedules.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from contract.errors import ConfigError
 from contract.rules.schedules import Schedule
 from contract.rules.schedules import cosine_factor as lr_factor  # noqa: F401 - the default schedule, by its old name
 
+# The optim.no_decay kinds that name modules, not parameters.
+_NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._NormBase)
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    # No weight decay on norms, biases and other vectors (the usual GPT/Llama recipe).
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer: torch's, or any class named like one (ours, Hugging Face's LlamaRMSNorm)."""
+    return isinstance(module, _NORM_TYPES) or "norm" in type(module).__name__.lower()
+
+
+def parameter_kinds(model: nn.Module) -> dict[int, set[str]]:
+    """Each parameter (by id; a tied one once) and the optim.no_decay kinds it belongs to."""
+    kinds: dict[int, set[str]] = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            k = kinds.setdefault(id(p), set())
+            if is_norm(module):
+                k.add("norm")
+            if isinstance(module, nn.Embedding):
+                k.add("embedding")
+            if name == "bias" or name.endswith("_bias"):
+                k.add("bias")
+            if p.dim() < 2:
+                k.add("vector")
+    return kinds
+
+
+def param_groups(model: nn.Module, optim: Any, hidden: Iterable[nn.Parameter] = ()) -> list[dict[str, Any]]:
+    """Trainable parameters grouped by whether weight decay applies (not to the kinds optim.no_decay names) and,
+    for optim=muon, whether Muon steps them (`hidden`: the 2-D weights of the model's blocks). Empty groups are
+    left out (DCP takes at most one)."""
+    kinds, skip = parameter_kinds(model), set(optim.get("no_decay", ["vector"]))
+    muon = {id(p) for p in hidden}
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    seen: set[int] = set()
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            groups.setdefault((id(p) in muon, not kinds[id(p)] & skip), []).append(p)
+    weight_decay = float(optim.weight_decay)
+    out = []
+    for is_muon, decays in ((True, True), (True, False), (False, True), (False, False)):
+        if groups.get((is_muon, decays)):
+            group = {"params": groups[(is_muon, decays)], "weight_decay": weight_decay if decays else 0.0}
+            out.append(group | ({"muon": is_muon} if optim.get("name") == "muon" else {}))
+    return out
+
+
+def hidden_matrices(blocks: Iterable[nn.Module]) -> list[nn.Parameter]:
+    """The 2-D weights of the model's repeated blocks: what Muon steps."""
+    return [p for block in blocks for p in block.parameters() if p.requires_grad and p.dim() == 2]
 
 
 def peak_lr(cfg: Any) -> float:
@@ -23,17 +71,42 @@ def peak_lr(cfg: Any) -> float:
     return float(cfg.scaled_lr if cfg.get("scaled_lr") is not None else cfg.lr)
 
 
-def build_optimizer(model: nn.Module, cfg: Any, fused: bool = True) -> torch.optim.Optimizer:
-    """AdamW, fused (one kernel per step, on CPU and GPU alike): it takes the stability verdict as `found_inf` and
-    skips a step on the device (train/stability/verdict.py). `fused=False`: foreach kernels (DeepSpeed's wrapper
-    steps it itself; fp16's GradScaler skips steps itself)."""
-    return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
-        lr=peak_lr(cfg),
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        **({"fused": True} if fused else {"foreach": True}),
-    )
+def build_optimizer(model: nn.Module, cfg: Any, fused: bool = True, blocks: Iterable[nn.Module] = ()
+                    ) -> torch.optim.Optimizer:
+    """The optimizer optim.name names. Each takes the stability verdict as `found_inf` and skips a step without
+    applying it (train/stability/verdict.py): AdamW and SGD fused (one kernel per step, on CPU and GPU alike) on the
+    device, Muon on the device, Adafactor, Lion and SGD over DTensors on the host. `fused=False`: foreach kernels (DeepSpeed's wrapper
+    steps it itself; fp16's GradScaler skips steps itself). `blocks`: the model's repeated blocks, whose matrices
+    Muon steps."""
+    name, lr = cfg.get("name", "adamw"), peak_lr(cfg)
+    kernels = {"fused": True} if fused else {"foreach": True}
+    if name == "adamw":
+        return torch.optim.AdamW(param_groups(model, cfg), lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kernels)
+    if name == "sgd":
+        from train.optimizers.host_skip import SGD
+
+        sharded = any(isinstance(p, DTensor) for p in model.parameters())  # fused SGD has no DTensor rule
+        return SGD(param_groups(model, cfg), lr=lr, momentum=float(cfg.momentum), nesterov=bool(cfg.nesterov),
+                   **({"foreach": True} if sharded else kernels))
+    if name == "adafactor":
+        from train.optimizers.adafactor import Adafactor
+
+        return Adafactor(param_groups(model, cfg), lr=lr, beta2_decay=float(cfg.beta2_decay), d=float(cfg.clip_threshold))
+    if name == "lion":
+        from train.optimizers.host_skip import Lion
+
+        return Lion(param_groups(model, cfg), lr=lr, betas=(cfg.beta1, cfg.beta2))
+    if name == "muon":
+        from train.optimizers.muon import MuonWithAdamW
+
+        hidden = hidden_matrices(blocks)
+        if not hidden:
+            raise ConfigError("optim=muon steps the 2-D weights of the model's repeated blocks, and none were found: "
+                              "name the block class with model.block=ClassName, or choose optim=adamw")
+        return MuonWithAdamW(param_groups(model, cfg, hidden), lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             momentum=float(cfg.momentum), nesterov=bool(cfg.nesterov), ns_steps=int(cfg.ns_steps),
+                             fused=fused)
+    raise ConfigError(f"optim.name={name} is not an optimizer slurmtrain implements")
 
 
 class StepSchedule(torch.optim.lr_scheduler.LambdaLR):

@@ -39,6 +39,11 @@ class TrainState:
     wandb_id: str | None = None
     # The order of windows within an epoch (train/data/index.py); a checkpoint without it used version 1.
     data_index: int = INDEX_VERSION
+    # As of a save: the training loss summed over the steps since the last logged row (averaged over the ranks), and
+    # how many; a run resumed between two rows goes on with them, so that its next loss_avg is the whole interval's
+    # (train/observe/metrics.py IntervalLoss). A checkpoint without them carried none.
+    loss_sum: float = 0.0
+    loss_steps: int = 0
 
 
 @dataclass

@@ -30,11 +30,17 @@ class CheckpointConfig:
     keep_last: int = num(3, 1)
     # ... plus every checkpoint whose step is a multiple of this (0: none).
     keep_every: int = num(0, 0)
+    # ... plus the one that measured best by this metric (contract/rules/keep_best.py): val/NAME/loss, val/NAME/ppl or
+    # harness/TASK/METRIC, its direction from its name (METRIC:max or :min says it). None: off.
+    keep_best: str | None = None
     # Periodic saves write in the background (DCP async_save); the preemption and final saves are synchronous.
     async_save: bool = True
     # Before resuming: check every file's size against the checkpoint's manifest ("size"), or also its CRC-32
     # ("full"). A checkpoint that fails is moved to checkpoints/quarantine/ and the previous one is used.
     verify: str = "size"
+    # At the end of training, rank 0 writes the final checkpoint as a verified Hugging Face directory (what
+    # `python -m launcher.export RUN --format hf` writes) to RUN/export/hf_step_N; launcher.status names it.
+    export_hf: bool = False
 
 
 @dataclass
@@ -47,8 +53,10 @@ class LocalConfig:
 
 @dataclass
 class LoggerConfig:
-    backend: str = "wandb"  # wandb | none
-    # offline by default: nothing leaves the machine unless the user opts in.
+    # wandb | tensorboard (RUN_DIR/tensorboard/) | none, or both as a list: logger.backend=[wandb,tensorboard]
+    # (contract/rules/log_backends.py). metrics.jsonl is written whatever this says.
+    backend: Any = "wandb"
+    # wandb's: offline by default, nothing leaves the machine unless the user opts in.
     mode: str = "offline"  # offline | online | disabled
     project: str = "slurmtrain"
     entity: str | None = None
@@ -159,6 +167,22 @@ class ClusterConfig:
 
 
 @dataclass
+class HarnessConfig:
+    # lm-evaluation-harness tasks (a task, group or tag name lm_eval knows, or one of eval.harness.include_path's
+    # YAMLs) scored wherever validation runs: in the loop (eval.every), evaluation jobs, launcher.evaluate
+    # (contract/rules/harness.py, train/evaluation/harness.py). Each must read local files only (checked at launch).
+    tasks: list[str] = field(default_factory=list)
+    # Few-shot examples per prompt; None: each task's own default.
+    num_fewshot: int | None = num(None, 0)
+    # Documents per task: a count (1 or more), or a fraction of each task's documents below 1; None: all of them.
+    limit: float | None = num(None, 0, lo_open=True)
+    # Requests per forward pass on each data-parallel rank.
+    batch_size: int = num(8, 1)
+    # A directory of task YAMLs of your own (lm_eval's include_path), searched before lm_eval's own tasks.
+    include_path: str | None = path_key(None)
+
+
+@dataclass
 class EvalConfig:
     # Validation during training (train/evaluation/): every this many steps and at the end; 0: off. Not a
     # training setting (validation never changes what is trained), so not part of the derived run name.
@@ -179,6 +203,8 @@ class EvalConfig:
     job_partition: str | None = None
     job_qos: str | None = None
     job_time_limit_min: int | None = num(None, 1)
+    # Downstream scores beside the validation losses (lm-evaluation-harness): eval.harness.tasks=[...].
+    harness: HarnessConfig = field(default_factory=HarnessConfig)
 
 
 @dataclass

@@ -27,6 +27,8 @@ class ModelConfig:
     position: str = "rope"  # rope | learned
     mlp: str = "swiglu"  # swiglu | gelu
     norm: str = "rmsnorm"  # rmsnorm | layernorm
+    # The norms' epsilon: 1e-5 in Llama 3 and GPT-2 (Hugging Face's LlamaConfig defaults to 1e-6).
+    norm_eps: float = num(1e-5, 0, lo_open=True)
     rope_theta: float = num(10000.0, 0, lo_open=True)
     tie_embeddings: bool = True
     dropout: float = num(0.0, 0, 1, hi_open=True)
@@ -77,13 +79,27 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    # Which optimizer (the group option: optim=adamw | sgd | adafactor | muon | lion; contract/rules/optimizers.py).
+    # The keys after weight_decay are each read by some of them only: set for another, a key is refused.
     name: str = "adamw"
     lr: float = num(3e-3, 0, lo_open=True)
     min_lr_ratio: float = num(0.1, 0, 1)
     weight_decay: float = num(0.1, 0)
+    # What weight decay skips: any of norm, bias, embedding (a table, and an output layer tied to it) and vector
+    # (every parameter of fewer than 2 dims, the rule before this key); [] decays every parameter.
+    no_decay: list[str] = field(default_factory=lambda: ["norm", "bias", "embedding"])
+    # adamw, lion, and muon's AdamW part.
     beta1: float = num(0.9, 0, 1, hi_open=True)
     beta2: float = num(0.95, 0, 1, hi_open=True)
     eps: float = num(1e-8, 0, lo_open=True)
+    # sgd, muon: the momentum factor and Nesterov's variant (conf/optim/sgd.yaml, muon.yaml set them).
+    momentum: float | None = num(None, 0, 1, hi_open=True)
+    nesterov: bool | None = None
+    # muon: Newton-Schulz iterations orthogonalising each hidden matrix's update.
+    ns_steps: int | None = num(None, 1, 99)
+    # adafactor: the second moment's decay (beta2 at step t is 1 - t^beta2_decay) and the update's RMS clip (torch's d).
+    beta2_decay: float | None = num(None, -1, 0)
+    clip_threshold: float | None = num(None, 0, lo_open=True)
     warmup_steps: int = num(5, 0)
     # The learning-rate schedule after warmup (contract/rules/schedules.py has each closed form): cosine | linear | constant
     # | wsd (warmup-stable-decay) | inverse_sqrt. min_lr_ratio is the floor of all but constant.
@@ -154,7 +170,16 @@ class PrecisionConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = num(100, 1)
+    # How long the run trains: trainer.max_steps, or a budget the launch plan converts to steps (the first step that
+    # reaches it) and writes into the ranks' config.yaml as trainer.max_steps, which the schedule, the loop, evaluation
+    # jobs and status read (launcher/plan/run_length.py). None of them typed: 100 steps. Not part of the run name: the
+    # same command with a larger budget extends the run.
+    max_steps: int | None = num(None, 1)
+    # Input tokens, global batch x data.seq_len a step (2e12 may be typed; a whole number).
+    max_tokens: float | None = num(None, 1)
+    # Passes over data.path's samples, or over the mixture source trainer.epochs_of names (0.5: half of one).
+    max_epochs: float | None = num(None, 0, lo_open=True)
+    epochs_of: str | None = None
     micro_batch_size: int = num(8, 1)
     # None: derived from global_batch_size (or 1 when that is unset too).
     grad_accum_steps: int | None = num(None, 1)

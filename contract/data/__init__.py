@@ -5,4 +5,5 @@
     source_checks.py  can this model train on a source: token ids in range, a corpus named for what it is
     mixture.py        a mixture's apportionment: which source each global sample comes from
     fingerprint.py    a dataset's fingerprint, saved with checkpoints and checked on resume
+    run_tokenizer.py  the tokenizer a run trained with, from its config (launcher.sample, harness evaluation)
 """

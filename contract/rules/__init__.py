@@ -6,8 +6,12 @@
     eval_jobs.py          evaluation jobs: which steps get one, their checks (the design)
     eval_job_script.py    an evaluation job's config and script (checked at launch, submitted by rank 0)
     eval_sets.py          eval.sets resolved and checked
+    metric_order.py       which way a measured metric is better (keep_best, --best, a sweep's ranking)
+    keep_best.py          checkpoint.keep_best: its launch checks, the Ranking retention reads
+    harness.py            eval.harness.tasks checked at launch (known, on disk, offline), their result keys
     stability_checks.py   stability.* settings checked
     init_source.py        where model.init_from points, resolved without torch
     hf_config.py          model=hf_causal_lm: the local Hugging Face config, read as plain JSON
+    hf_export.py          which runs export as a Hugging Face model (launcher.export --format hf, checkpoint.export_hf)
     strategy_names.py     the strategies a config can name and the compute-side class of each
 """

@@ -36,12 +36,14 @@ def job_config(cfg: DictConfig, step: int) -> DictConfig:
     return out
 
 
-def render_script(cfg: DictConfig, run_dir: Path, step: int) -> str:
+def render_script(cfg: DictConfig, run_dir: Path, step: int, config: Path | None = None) -> str:
     """The evaluation job's sbatch script: the training job's settings (setup lines, environment, the preemption
-    signal and --requeue) with the job's own resources, running the evaluation entry on every rank."""
+    signal and --requeue) with the job's own resources, running the evaluation entry on every rank (`config`:
+    launcher.evaluate's config for it, eval/requests/step_N.yaml, else the checkpoint's own)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = eval_results.eval_dir(run_dir) / "slurm"
     command = " ".join([shlex.quote(sys.executable), "-u -m launcher.worker --evaluate",
-                        shlex.quote(str(Path(run_dir).resolve())), str(step)])
+                        shlex.quote(str(Path(run_dir).resolve())), str(step)]
+                       + ([shlex.quote(str(Path(config).resolve()))] if config is not None else []))
     return _make_sbatch_string(command=command, folder=folder, **executor_parameters(job_config(cfg, step)))

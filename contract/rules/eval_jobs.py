@@ -54,6 +54,13 @@ def check_eval_jobs(cfg: DictConfig, global_batch: int, cluster_tasks: int) -> N
         raise ConfigError(f"eval.every={e.every} with eval.async_jobs=true: the jobs evaluate each checkpoint "
                           f"(trainer.ckpt_every={cfg.trainer.ckpt_every}) instead of the loop; drop eval.every, or "
                           f"set trainer.ckpt_every={e.every} to evaluate every {e.every} steps")
+    check_job_world(cfg, global_batch, cluster_tasks)
+
+
+def check_job_world(cfg: DictConfig, global_batch: int, cluster_tasks: int) -> None:
+    """The evaluation job's ranks can hold the model's layout and split the global batch (launcher.evaluate's jobs
+    too)."""
+    e = cfg.eval
     world = int(e.job_nodes) * tasks_per_node(cfg, cluster_tasks)
     model_parallel = int(cfg.parallel.tp) * int(cfg.parallel.pp)
     if world % model_parallel:

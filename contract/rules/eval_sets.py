@@ -124,7 +124,11 @@ def _seed(key: str, raw: Any) -> int:
 
 
 def check_eval(cfg: Any) -> None:
-    """Launch-time refusals: validation with a pipeline, sets that don't resolve or have nothing to read."""
+    """Launch-time refusals: validation with a pipeline, sets that don't resolve or have nothing to read, harness
+    tasks that can't be scored (contract/rules/harness.py)."""
+    from contract.rules.harness import check_harness
+
+    check_harness(cfg)
     if not enabled(cfg) and not jobs_enabled(cfg):
         section = eval_section(cfg)
         if section is not None and section.get("at_start"):
@@ -139,6 +143,11 @@ def check_eval(cfg: Any) -> None:
     if pp > 1 and jobs_enabled(cfg):  # in-loop validation runs the pipeline's own schedule forward only
         raise ConfigError(f"{asked(cfg)} with parallel.pp={pp}: evaluation jobs have no pipeline layout yet; set "
                           "eval.async_jobs=false and eval.every=N (in-loop validation) or train with parallel.pp=1")
+    check_sets(cfg)
+
+
+def check_sets(cfg: Any) -> None:
+    """Every val or tokens set names what it can read (launcher.evaluate checks them so too)."""
     for name, entry in resolved_sets(cfg).items():
         if entry["kind"] in ("val", "tokens"):
             _check_tokens(cfg, name, entry)

@@ -154,6 +154,24 @@ def resolve(text: str) -> InitSource:
     return InitSource("files", path, files)
 
 
+def trained_config(src: InitSource) -> Path | None:
+    """The config.yaml a checkpoint's weights were trained with: the step's own copy, else its run's; None for
+    weights that are no checkpoint, or a checkpoint without either."""
+    if not src.checkpoint:
+        return None
+    run_dir = src.run_dir or src.path.parent.parent  # RUN/checkpoints/step_N
+    return next((p for p in (src.path / "config.yaml", run_dir / "config.yaml") if p.is_file()), None)
+
+
+def hf_config_json(src: InitSource) -> Path | None:
+    """The Hugging Face config.json beside weights that are no checkpoint (a save_pretrained directory, or a
+    weights file in one); None without one."""
+    if src.checkpoint:
+        return None
+    config = (src.path if src.path.is_dir() else src.path.parent) / "config.json"
+    return config if config.is_file() else None
+
+
 def saved_weights(folder: str) -> Path | None:
     """The weights file a Hugging Face model directory holds, if any (model.config_path's directory: a saved
     model whose weights a run would not load unless model.init_from names them)."""

@@ -6,7 +6,8 @@ side writes the markers, the evaluation job the results, launcher.status reads t
                               {"step": 40, "time": 1767000000.0, "job": "123", "world_size": 2,
                                "checkpoint": "/runs/r/checkpoints/step_40",
                                "val/val/loss": 4.1, "val/val/ppl": 60.3}
-                          `val/NAME/loss` and `val/NAME/ppl` per set, the keys and values of a validation row of
+                          `val/NAME/loss` and `val/NAME/ppl` per set and `harness/TASK/METRIC` (and its
+                          `harness/TASK/METRIC_stderr`) per harness task, the keys and values of a validation row of
                           metrics.jsonl (a value that is not finite is the string "nan", "inf" or "-inf", as there);
                           `time` is when it was written, `job` the SLURM job, `world_size` the ranks that evaluated.
     eval/step_N.pending   the checkpoint of step N awaits its evaluation: written by training's rank 0 before the
@@ -14,6 +15,8 @@ side writes the markers, the evaluation job the results, launcher.status reads t
                           checkpoint while its marker exists (a failed or cancelled evaluation leaves it: remove the
                           marker to let retention delete the checkpoint).
     eval/jobs.txt         one line per submitted evaluation job: `STEP JOBID`.
+    eval/requests/step_N.yaml  the config a `python -m launcher.evaluate` of step N ran with (the run's, with its
+                          eval.* overrides and cluster), which its process or job reads instead of the checkpoint's.
     eval/slurm/           the evaluation jobs' scripts and logs (JOBID_RANK_log.err).
 """
 
@@ -28,6 +31,7 @@ from typing import Any
 from contract.rundir.metrics_file import dumps, from_json_value
 
 DIR_NAME = "eval"
+MEASURED = ("val/", "harness/")  # a result's keys that are measurements (the rest says where they come from)
 
 
 def eval_dir(run_dir: Path) -> Path:
@@ -36,6 +40,10 @@ def eval_dir(run_dir: Path) -> Path:
 
 def result_path(run_dir: Path, step: int) -> Path:
     return eval_dir(run_dir) / f"step_{step}.json"
+
+
+def request_path(run_dir: Path, step: int) -> Path:
+    return eval_dir(run_dir) / "requests" / f"step_{step}.yaml"
 
 
 def pending_path(run_dir: Path, step: int) -> Path:
@@ -71,8 +79,11 @@ def record_job(run_dir: Path, step: int, job_id: str) -> None:
 
 
 def write_result(run_dir: Path, step: int, values: dict[str, float], **info: Any) -> Path:
-    """step_N.json, atomically; `info` adds fields (job, world_size, checkpoint)."""
+    """step_N.json, atomically; `info` adds fields (job, world_size, checkpoint). A result already there keeps
+    the values this one does not measure again (another set or task, from launcher.evaluate)."""
     path = result_path(run_dir, step)
+    before = next((row for row in read_results(run_dir) if row["step"] == step), {})
+    values = {**{k: v for k, v in before.items() if k.startswith(MEASURED)}, **values}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(dumps({"step": step, "time": time.time(), **info, **values}) + "\n")

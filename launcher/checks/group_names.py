@@ -18,13 +18,13 @@ import yaml
 from omegaconf import DictConfig, open_dict
 
 from contract.errors import ConfigError
-from launcher.checks.overrides import override_key, typed_for
+from contract.rules.optimizers import OPTIMIZERS
+from launcher.checks.overrides import override_key, typed_exactly, typed_for
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "data", "optim", "strategy", "precision")
 # What the training side implements (train/data/sources.py build_source, train/optim.py build_optimizer).
 DATA_SOURCES = ("synthetic", "tokens")
-OPTIMIZERS = ("adamw",)
 
 
 @functools.cache
@@ -50,8 +50,8 @@ def default_choices() -> dict[str, str]:
 
 def group_choice(group: str) -> str | None:
     """The option chosen for `group`: as typed (`model=mine`), else our default."""
-    typed = typed_for(group)
-    if typed is not None and override_key(typed) == group and "=" in typed:
+    typed = typed_exactly(group)
+    if typed is not None:
         return typed.split("=", 1)[1]
     return default_choices().get(group)
 
@@ -92,7 +92,7 @@ def _implemented(cfg: DictConfig) -> None:
                           "data._target_=module.Class")
     if cfg.optim.name not in OPTIMIZERS:
         raise ConfigError(f"optim.name={cfg.optim.name} is not an optimizer slurmtrain implements (one of "
-                          f"{', '.join(OPTIMIZERS)}): choose optim=adamw")
+                          f"{', '.join(OPTIMIZERS)}): choose one of those, optim=adamw for example")
 
 
 def _named_after_target(cfg: DictConfig, group: str) -> None:

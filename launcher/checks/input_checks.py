@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from contract.data.source_checks import check_source
 from contract.errors import ConfigError
+from contract.rules.log_backends import backends
 
 
 def check_run_root(cfg: DictConfig) -> None:
@@ -59,7 +60,8 @@ def _netrc_has(host: str) -> bool:
 def check_credentials(cfg: DictConfig) -> None:
     """logger.mode=online must be able to log in on the ranks; the key itself is never read into a file."""
     lg = cfg.logger
-    if lg.backend != "wandb" or lg.mode != "online" or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+    offline = os.environ.get("WANDB_MODE") in ("offline", "disabled")
+    if "wandb" not in backends(lg.backend) or lg.mode != "online" or offline:
         return
     key = os.environ.get("WANDB_API_KEY")
     if key is not None:

@@ -20,6 +20,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from contract.config import schema
 from contract.config.suggest import close_key
 from contract.errors import ConfigError
+from contract.rules.log_backends import check_logger
 from contract.rules.schedules import DECAY_SHAPES, SCHEDULES
 from launcher.checks.overrides import override_key, typed, typed_for
 
@@ -31,7 +32,6 @@ CHOICES = {
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "optim.schedule": SCHEDULES,
     "optim.decay_shape": DECAY_SHAPES,
-    "logger.backend": ("wandb", "none"),
     "logger.mode": ("offline", "online", "disabled"),
     "precision.compute_dtype": ("float32", "bfloat16", "float16"),
     "checkpoint.verify": ("size", "full"),
@@ -92,6 +92,8 @@ SYNONYMS = {
     "batch_size": "trainer.micro_batch_size", "per_device_train_batch_size": "trainer.micro_batch_size",
     "max_iters": "trainer.max_steps", "num_steps": "trainer.max_steps", "train_steps": "trainer.max_steps",
     "steps": "trainer.max_steps", "log_interval": "trainer.log_every", "logging_steps": "trainer.log_every",
+    "max_epochs": "trainer.max_epochs", "num_train_epochs": "trainer.max_epochs", "epochs": "trainer.max_epochs",
+    "train_tokens": "trainer.max_tokens", "max_tokens": "trainer.max_tokens", "tokens": "trainer.max_tokens",
     "save_every": "trainer.ckpt_every", "save_steps": "trainer.ckpt_every", "checkpoint_every": "trainer.ckpt_every",
     "eval_every": "eval.every", "eval_interval": "eval.every", "val_every": "eval.every", "eval_steps": "eval.every",
     "eval_iters": "eval.batches", "hidden_size": "model.d_model", "n_embd": "model.d_model",
@@ -218,6 +220,7 @@ def check_choices(cfg: DictConfig, tree: dict[str, Any] | None = None) -> None:
             shown = [str(a) for a in allowed if a is not None]
             meant = difflib.get_close_matches(str(value), shown, n=1) or shown
             raise ConfigError(f"{key}={value} is not one of {', '.join(shown)}: set {key}={meant[0]}")
+    check_logger(cfg.logger)  # one name or a list of them (contract/rules/log_backends.py)
     if cfg.get("cluster") is not None and cfg.cluster.backend not in ("nccl", "gloo"):
         raise ConfigError(f"cluster.backend={cfg.cluster.backend} is not one of nccl, gloo: set cluster.backend=nccl "
                           "(GPUs) or gloo (CPUs)")

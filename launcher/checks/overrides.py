@@ -41,6 +41,11 @@ def typed_for(key: str) -> str | None:
     return None
 
 
+def typed_exactly(key: str) -> str | None:
+    """The typed override of `key` itself (`model=gpt2_124m` for model; not `model.d_model=32`); None if none."""
+    return next((o for o in _typed if override_key(o) == key and "=" in o), None)
+
+
 def typed() -> tuple[str, ...]:
     """Every override typed for the config being checked."""
     return _typed

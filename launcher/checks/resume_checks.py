@@ -19,6 +19,7 @@ from contract.errors import ConfigError
 from contract.rundir import ckpt_layout as layout
 from launcher.checks.hydra_errors import yaml_syntax
 from launcher.plan.paths import make_absolute
+from launcher.plan.run_length import length_key, length_text
 from launcher.plan.run_name import training_settings
 from launcher.run.rundir_paths import check_writable
 
@@ -100,8 +101,8 @@ def _differs(run_dir: Path, changes: list[tuple[str, Any, Any]]) -> ConfigError:
         old = next(a for k, a, _ in changes if k == "trainer.global_batch_size")
         hints.append(f"to resume on another world size keep trainer.global_batch_size={old} (the accumulation is "
                      "re-derived; trainer.micro_batch_size may change so that it divides it)")
-    hints.append("to resume it go back to the saved values (trainer.max_steps, trainer.log_every, "
-                 "trainer.ckpt_every, the layout and the cluster may change on resume)")
+    hints.append("to resume it go back to the saved values (trainer.max_steps or its token or epoch budget, "
+                 "trainer.log_every, trainer.ckpt_every, the layout and the cluster may change on resume)")
     if any(_data_choice(k) for k in keys):
         hints.append("to resume it on this data add data.allow_changed=true")
     return ConfigError(
@@ -152,9 +153,8 @@ def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
     check_data_unchanged(cfg, run_dir)
     if latest.step > cfg.trainer.max_steps:
         raise ConfigError(
-            f"{run_dir} is already at step {latest.step} (its newest checkpoint), past trainer.max_steps="
-            f"{cfg.trainer.max_steps}: set trainer.max_steps above {latest.step} to train on, or pick another "
-            "run.name for a new run"
+            f"{run_dir} is already at step {latest.step} (its newest checkpoint), past {length_text(cfg)}: raise "
+            f"{length_key(cfg)} past step {latest.step} to train on, or pick another run.name for a new run"
         )
     if cfg.strategy.backend == "deepspeed":
         saved_world = json.loads((latest.path / layout.MARKER).read_text()).get("world_size")

@@ -1,6 +1,6 @@
 """What launcher.report draws (launcher/report.py has the command): the training figure, one line figure per
-metric and a sweep's final loss against each swept key, built apart from being saved so that tests can
-inspect what was drawn. matplotlib is imported inside the functions.
+metric and a sweep's final value of its ranking metric (launcher/observe/ranking.py) against each swept key, built
+apart from being saved so that tests can inspect what was drawn. matplotlib is imported inside the functions.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contract.rundir.metrics_file import number_text, read_metrics, training_rows
 from contract.rundir.validation_log import loss_curves
 from launcher.checks.overrides import override_key
+from launcher.observe.ranking import SweepRanking, rank_runs
 from launcher.observe.runs import RunRef, read_config
 from launcher.sweeps.sweepdir import Point, Sweep
 
@@ -46,6 +47,12 @@ LEGEND_COLUMNS = 4
 VALIDATION_STYLES = (":", "--", "-.", (0, (1, 3)), (0, (5, 2, 1, 2, 1, 2)))  # one per validation set, in order
 
 
+SMOOTHING = 0.6  # the training loss's smoothed line: TensorBoard's default weight (launcher.report --smoothing)
+
+
+RAW_ALPHA = 0.3  # the logged values under a smoothed line
+
+
 @dataclass
 class Series:
     label: str
@@ -61,7 +68,8 @@ class Series:
 
 @dataclass
 class FinalLoss:
-    """One finished sweep point on a final-loss plot: its value of the plotted key, and the other swept values."""
+    """One finished sweep point on a final-loss plot: its value of the plotted key, its final value of the ranking
+    metric (`loss`), and the other swept values."""
 
     value: str
     loss: float
@@ -133,16 +141,37 @@ def mark_top_edge(ax: Axes, xs: list[Any], color: str, note: str, index: int) ->
                 textcoords="offset points", color=color, fontsize="small")
 
 
-def draw_series(ax: Axes, series: list[Series], name: str) -> None:
-    """One line per series, drawn to its last finite value; its nan and inf values marked (mark_top_edge)."""
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average (each value `weight` of the average before it and
+    1 - `weight` of itself), debiased so that it starts at the first value rather than at 0; a non-finite value is
+    passed through and left out of the average."""
+    out, average, finite = [], 0.0, 0
+    for value in values:
+        if not math.isfinite(value):
+            out.append(value)
+            continue
+        average, finite = average * weight + (1 - weight) * value, finite + 1
+        out.append(average / (1 - weight**finite))
+    return out
+
+
+def draw_series(ax: Axes, series: list[Series], name: str, smoothing: float = 0.0) -> None:
+    """One line per series, drawn to its last finite value; its nan and inf values marked (mark_top_edge). With
+    `smoothing` (0 < weight < 1): the line of the logged values faint, and their smoothed line over it in the same
+    colour (gid "smoothed", no legend entry of its own)."""
     noted = 0
     for s in series:
         bad = s.nonfinite()
         note = f"{name} {number_text(bad[0][1])} from step {bad[0][0]}" if bad else ""
         finite = [v if math.isfinite(v) else math.nan for v in s.values]
+        smooth = smoothing > 0 and len(s.values) > 1
         # Dots too where values are missing: a finite point between non-finite ones has no segment to draw.
         ax.plot(s.steps, finite, linestyle=s.style, marker=s.marker or ("." if bad else ""), color=s.color,
-                markersize=4, label=f"{s.label} ({note})" if bad else s.label)
+                markersize=4, label=f"{s.label} ({note})" if bad else s.label, alpha=RAW_ALPHA if smooth else None)
+        if smooth:
+            line = [v if math.isfinite(v) else math.nan for v in smoothed(s.values, smoothing)]
+            [drawn] = ax.plot(s.steps, line, linestyle=s.style, color=s.color, label=f"_{s.label} smoothed")
+            drawn.set_gid("smoothed")
         if bad:
             mark_top_edge(ax, [step for step, _ in bad], s.color, note, noted)
             noted += 1
@@ -175,14 +204,15 @@ def line_figure(series: list[Series], ylabel: str, title: str) -> Figure:
     return fig
 
 
-def training_figure(runs: list[RunRef], title: str) -> Figure:
-    """loss.png: the loss, the learning rate and the gradient norm, stacked over one step axis; the legend on top."""
+def training_figure(runs: list[RunRef], title: str, smoothing: float = SMOOTHING) -> Figure:
+    """loss.png: the loss (smoothed over its faint logged values, draw_series), the learning rate and the gradient
+    norm, stacked over one step axis; the legend on top."""
     fig = _figure(TRAINING_FIGSIZE_IN)
     axes = fig.subplots(len(PANELS), 1, sharex=True)
     set_handles: list[Any] = []
     for ax, (key, label) in zip(axes, PANELS.items(), strict=True):
         series = metric_series(runs, key)
-        draw_series(ax, series, label)
+        draw_series(ax, series, label, smoothing if key == "loss" else 0.0)
         if key == "loss":
             set_handles = draw_validation(ax, runs)
         ax.set_ylabel(label)
@@ -196,6 +226,9 @@ def training_figure(runs: list[RunRef], title: str) -> Figure:
     axes[-1].set_xlabel("step")
     if axes[0].get_lines():
         legend_above(fig, axes[0].get_legend_handles_labels()[0] + set_handles)
+        for handle in fig.legends[0].legend_handles:  # a run's colour at full strength, as its smoothed line
+            if handle is not None:
+                handle.set_alpha(None)
     return fig
 
 
@@ -214,8 +247,10 @@ def _numeric(values: list[str]) -> list[float] | None:
     return numbers if all(math.isfinite(n) for n in numbers) else None
 
 
-def final_losses(sweep: Sweep, runs: list[RunRef], key: str) -> list[FinalLoss]:
-    """Finished points only (their last logged step reached trainer.max_steps); the last step is always logged."""
+def final_losses(sweep: Sweep, runs: list[RunRef], key: str, ranked: SweepRanking | None = None) -> list[FinalLoss]:
+    """Finished points only (their last logged step reached trainer.max_steps; the last step is always logged), each
+    with its newest value of the ranking metric (`ranked`, default: rank_runs's)."""
+    ranked = ranked or rank_runs([run.run_dir for run in runs])
     others = [k for k in map(override_key, sweep.swept) if k != key]
     out = []
     for point, run in zip(sweep.points, runs, strict=True):
@@ -224,14 +259,28 @@ def final_losses(sweep: Sweep, runs: list[RunRef], key: str) -> list[FinalLoss]:
         max_steps = (read_config(run.run_dir).get("trainer") or {}).get("max_steps")
         if value is None or not rows or not isinstance(max_steps, int) or rows[-1]["step"] < max_steps:
             continue
+        if run.run_dir not in ranked.values:
+            continue
         group = " ".join(f"{k}={v}" for k in others if (v := swept_value(point, k)) is not None)
-        out.append(FinalLoss(value, float(rows[-1]["loss"]), group))
+        out.append(FinalLoss(value, ranked.values[run.run_dir], group))
     return out
 
 
-def final_loss_figure(points: list[FinalLoss], key: str, title: str) -> Figure:
+def mark_best(ax: Axes, points: list[FinalLoss], ranked: SweepRanking, numeric: bool) -> None:
+    """A star on the best finite point by the ranking, annotated `best`."""
+    best = ranked.ranking.best(dict(enumerate(p.loss for p in points)))
+    if best is None:
+        return
+    x = float(points[best].value) if numeric else points[best].value
+    ax.plot([x], [points[best].loss], marker="*", markersize=14, color="gold", markeredgecolor="black",
+            linestyle="", label="_best", zorder=4)
+    ax.annotate("best", xy=(x, points[best].loss), xytext=(6, 6), textcoords="offset points", fontsize="small")
+
+
+def final_loss_figure(points: list[FinalLoss], key: str, title: str, ranked: SweepRanking | None = None) -> Figure:
     """x: the swept value (numeric, log when it spans more than 10x; else categorical); one line per group; a point
-    whose final loss is not finite is an x on the top edge at its value, labelled nan or inf."""
+    whose final value is not finite is an x on the top edge at its value, labelled nan or inf. With `ranked`: the y
+    axis names its metric and direction, the title says which metric ranks the points, a star marks the best."""
     from matplotlib.colors import to_hex
 
     fig = _figure()
@@ -255,7 +304,12 @@ def final_loss_figure(points: list[FinalLoss], key: str, title: str) -> Figure:
         ax.text(0.5, 0.5, "no finished points yet", ha="center", va="center", transform=ax.transAxes)
     if len(groups) > 1:
         legend_above(fig, ax.get_legend_handles_labels()[0])
-    ax.set(xlabel=key, ylabel="final loss", title=title)
+    ylabel = "final loss"
+    if ranked is not None:
+        mark_best(ax, points, ranked, numbers is not None)
+        ylabel = f"final {ranked.header} ({ranked.ranking.direction})"
+        title = f"{title}\n{ranked.describe()}"
+    ax.set(xlabel=key, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     return fig
 

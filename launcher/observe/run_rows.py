@@ -11,8 +11,20 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.errors import ConfigError
 from contract.rules import blowup
-from contract.rundir import accounting, ckpt_layout, eval_results, events, metrics_file, validation_log
+from contract.rules.keep_best import keep_best_ranking
+from contract.rundir import (
+    accounting,
+    ckpt_layout,
+    eval_results,
+    events,
+    harness_scores,
+    hf_export,
+    measured,
+    metrics_file,
+    validation_log,
+)
 from contract.rundir import environment as environment_errors
 from contract.rundir.metrics_file import read_metrics
 from launcher.observe.runs import DAMAGED, RunRef, Target, load_config, merge_jobs
@@ -47,6 +59,9 @@ class Row:
     ending: str | None = None
     # eval.async_jobs: the newest evaluated step, its losses by set and the job; the steps still awaiting theirs.
     evaluation: dict[str, Any] | None = None
+    # eval.harness.tasks: the newest scored step and its scores, in-loop or from an evaluation (contract/rundir/
+    # harness_scores.py): {"step": N, "scores": {"harness/TASK/METRIC": V, "harness/TASK/METRIC_stderr": E}}.
+    harness: dict[str, Any] | None = None
     # Silent data corruption found by the replica check: one line each, naming the ranks and hosts.
     corruption: list[str] = field(default_factory=list)
     # Rollbacks with the sample ranges they skip, and the steps not applied (train/stability): one line each.
@@ -54,6 +69,15 @@ class Row:
     # The step since which every logged loss has been far above the run's start (contract/rules/blowup.py: more than
     # stability.blowup_margin nats above its first logged loss, capped at ln(vocab)); None while the last is not.
     loss_blown_since: int | None = None
+    # checkpoint.keep_best: {"metric", "direction", "step", "value"} of the checkpoint kept as the best (step and value
+    # None while no checkpoint is measured); None without keep_best.
+    best: dict[str, Any] | None = None
+    # checkpoint.export_hf: the end of training's Hugging Face export (contract/rundir/hf_export.py's record:
+    # {"step", "path", "ok", "detail"}); None when the run wrote none.
+    hf_export: dict[str, Any] | None = None
+    # A sweep's ranking (launcher/observe/ranking.py): 1 for the best point, None without a finite value; the value.
+    rank: int | None = None
+    rank_value: float | None = None
 
 
 def local_state(latest: ckpt_layout.CheckpointDir | None, max_steps: int | None, has_metrics: bool) -> str:
@@ -111,6 +135,27 @@ def loss_blown_since(metrics: list[dict[str, Any]], config: dict[str, Any]) -> i
     return blowup.far_above_since(losses, blowup.reference(start, vocab), float(margin))
 
 
+def kept_best(run_dir: Any, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint checkpoint.keep_best keeps, as retention finds it (contract/rundir/measured.py)."""
+    try:
+        chosen = keep_best_ranking(config.get("checkpoint") or {})
+    except ConfigError:
+        return None  # a hand-edited config.yaml: the launch that reads it says what is wrong
+    if chosen is None:
+        return None
+    best = measured.best_checkpoint(run_dir, chosen)
+    return {"metric": chosen.metric, "direction": chosen.direction, "step": best.checkpoint.step if best else None,
+            "value": best.value if best else None}
+
+
+def describe_best(best: dict[str, Any]) -> str:
+    """`best checkpoint: step 40, val/val/loss 2.3104 (checkpoint.keep_best, lower is better)` for launcher.status."""
+    if best["step"] is None:
+        return f"best checkpoint: none measured yet (checkpoint.keep_best={best['metric']})"
+    return (f"best checkpoint: step {best['step']}, {best['metric']} {float(best['value']):.4f} "
+            f"(checkpoint.keep_best, {best['direction']})")
+
+
 def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> Row:
     config, damage = load_config(run.run_dir)
     max_steps = (config.get("trainer") or {}).get("max_steps")
@@ -138,6 +183,9 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
         row.ending = attempt_ends[-1].get("message")
     row.config_damage = damage
     row.validation = validation_log.last_losses(run.run_dir)
+    row.harness = harness_scores.latest(run.run_dir)
+    row.best = kept_best(run.run_dir, config)
+    row.hf_export = hf_export.read_record(run.run_dir)
     if not run.jobs:
         final = final_end(attempt_ends, events.last_local_attempt(run.run_dir))
         ended = events.ending_state(attempt_ends, final)

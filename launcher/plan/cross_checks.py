@@ -12,6 +12,8 @@ from omegaconf import DictConfig
 
 from contract.errors import ConfigError
 from contract.rules.hf_config import HF_TARGET, apply_hf_config
+from contract.rules.hf_export import refuse_unexportable
+from launcher.checks.overrides import typed_for
 from launcher.plan.parallel import (
     MIN_MICRO_PER_STAGE,
 )
@@ -39,7 +41,10 @@ def _check_model(cfg: DictConfig) -> None:
         raise ConfigError(f"model={m.name} needs a local Hugging Face config: add model.config_path=PATH "
                           "(a config.json or its directory)")
     if m.config_path is not None:
-        apply_hf_config(cfg)
+        apply_hf_config(cfg, [k for k in ("vocab_size", "max_seq_len") if typed_for(f"model.{k}") is not None])
+    if cfg.checkpoint.get("export_hf"):
+        refuse_unexportable(m, "checkpoint.export_hf=true", "drop it, and export checkpoints with python -m "
+                            "launcher.export --format safetensors")
     if m.get("_target_"):
         return
     if m.d_model % m.n_heads:
@@ -56,6 +61,7 @@ def _check_model(cfg: DictConfig) -> None:
 
 
 def _check_strategy(cfg: DictConfig, world: int) -> None:
+    from contract.rules.optimizers import strategy_refusal
     from contract.rules.strategy_names import REGISTRY
 
     s = cfg.strategy
@@ -72,6 +78,9 @@ def _check_strategy(cfg: DictConfig, world: int) -> None:
         if cfg.precision.name == "fp16" and not has_gpus(cfg):
             raise ConfigError(f"precision=fp16 with strategy={s.name} needs GPUs (DeepSpeed's CPU accelerator has "
                               "no fp16 here): use precision=bf16 or precision=fp32")
+    optim_refusal = strategy_refusal(cfg.optim.name, s)
+    if optim_refusal:
+        raise ConfigError(optim_refusal)
     if s.name == "hsdp" and s.replicate_degree and world % s.replicate_degree:
         raise ConfigError(f"strategy.replicate_degree={s.replicate_degree} does not divide the world size "
                           f"{world}: pick a divisor of {world}")

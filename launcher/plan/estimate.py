@@ -6,14 +6,14 @@ with too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from contract.rules.flops import flops_per_token
+from contract.rules.optimizers import state_bytes
 
 GB = 1024**3
-# AdamW keeps two fp32 moments per parameter.
-ADAM_BYTES = 8
 FP32 = 4
 
 
@@ -63,6 +63,21 @@ def block_params(m: Any) -> int:
     kv = (m.n_kv_heads or m.n_heads) * head_dim
     norm = d if m.norm == "rmsnorm" else 2 * d
     return 2 * d * d + 2 * kv * d + d * m.ffn_hidden * (3 if m.mlp == "swiglu" else 2) + 2 * norm
+
+
+def param_shapes(m: Any) -> tuple[tuple[tuple[int, ...], bool], ...]:
+    """Each parameter of our transformer: its shape and whether it is a 2-D weight of a block (what Muon steps)."""
+    d, f, heads = m.d_model, m.ffn_hidden, m.n_heads
+    q, kv = d // heads * heads, (m.n_kv_heads or heads) * (d // heads)
+    norm = ((d,),) if m.norm == "rmsnorm" else ((d,), (d,))
+    matrices = [(q, d), (kv, d), (kv, d), (d, q), *([(f, d)] if m.mlp == "swiglu" else []), (f, d), (d, f)]
+    block = [(shape, True) for shape in matrices] + [(shape, False) for shape in 2 * norm]
+    root = [((m.vocab_size, d), False), *[(shape, False) for shape in norm]]
+    if m.position == "learned":
+        root.append(((m.max_seq_len, d), False))
+    if not m.tie_embeddings:
+        root.append(((m.vocab_size, d), False))
+    return tuple(block * m.n_layers + root)
 
 
 def root_params(m: Any, n_params: int) -> int:
@@ -145,12 +160,21 @@ class ModelShape:
     # The share of the activations one rank keeps: 1 / tensor-parallel degree (sequence parallel splits the rest;
     # a 1F1B pipeline stage keeps pp micro batches of 1 / pp of the layers, which is the whole model's once).
     activation_share: float = 1.0
+    # Each parameter's shape and whether it is a 2-D weight of a block: what the optimizer state is sized by
+    # (contract/rules/optimizers.py). None: unknown (then every parameter counts as a block's matrix).
+    param_shapes: tuple[tuple[tuple[int, ...], bool], ...] | None = None
 
     @classmethod
     def ours(cls, m: Any, n_params: int) -> ModelShape:
         block = block_params(m)
         return cls(n_params, block, m.n_layers, m.vocab_size * m.d_model, root_params(m, n_params), m.d_model**2,
-                   m.vocab_size, m)
+                   m.vocab_size, m, param_shapes=param_shapes(m))
+
+    def optimizer_bytes_per_param(self, optim: Any) -> float:
+        """The optimizer's state per parameter, averaged over the model (Adafactor's factors and Muon's split between
+        its matrices and AdamW's share make it depend on the shapes)."""
+        shapes = self.param_shapes if self.param_shapes is not None else (((1,), True),)
+        return state_bytes(optim, shapes) / max(1, sum(math.prod(shape) for shape, _ in shapes))
 
     @property
     def activations_known(self) -> bool:
@@ -169,7 +193,7 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
     p, n = float(shape.n_params), lay.shard
     block, root = shape.block_params, shape.root
     compute_bytes = dtype_bytes(cfg.precision.name)
-    optim = (ADAM_BYTES + lay.master_bytes) * p
+    optim = (shape.optimizer_bytes_per_param(cfg.optim) + lay.master_bytes) * p
     host = 0.0
     if lay.kind == "replicated":
         params, grads, optimizer = lay.weight_bytes * p, lay.grad_bytes * p, optim

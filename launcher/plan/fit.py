@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from contract.config.schema import StrategyConfig
 from contract.errors import ConfigError
+from contract.rules.optimizers import strategy_refusal
 from launcher.plan.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
 from launcher.plan.parallel import COMPOSABLE
 
@@ -113,6 +114,8 @@ def strategy_node(name: str, base: Any) -> Any:
 
 
 def unavailable(name: str, cfg: DictConfig, has_gpus: bool) -> str | None:
+    if strategy_refusal(cfg.optim.name, strategy_node(name, cfg.strategy)):
+        return f"can't step optim={cfg.optim.name}"
     if name.startswith("zero"):
         if importlib.util.find_spec("deepspeed") is None:
             return "deepspeed is not installed"

@@ -17,6 +17,8 @@ from contract.rules.eval_jobs import check_eval_jobs, jobs_enabled
 from contract.rules.eval_sets import check_eval, repeat_warning, resolved_sets, set_spec
 from contract.rules.eval_sets import enabled as eval_enabled
 from contract.rules.eval_sets import plan_line as eval_plan_line
+from contract.rules.keep_best import check_keep_best
+from contract.rules.optimizers import check_optim, plan_line
 from contract.rules.stability_checks import check_stability
 from launcher.checks.cluster_checks import validate_cluster
 from launcher.checks.group_names import settle_names
@@ -33,6 +35,7 @@ from launcher.plan.estimate import GB, ModelShape
 from launcher.plan.fit import Budget, Fit, budget, check_fit, scaled_lr
 from launcher.plan.init_from import normalize as normalize_init_from
 from launcher.plan.init_from import weights_lines
+from launcher.plan.init_shape import settle_shape
 from launcher.plan.lr_schedule import schedule_note
 from launcher.plan.parallel import (
     check_composable,
@@ -44,6 +47,7 @@ from launcher.plan.parallel import (
 )
 from launcher.plan.paths import make_absolute, run_name
 from launcher.plan.probe import needs_probe, probe
+from launcher.plan.run_length import length_key, settle_length
 from launcher.plan.world import local_gpu_count, tasks_per_node, world_size
 
 
@@ -78,6 +82,11 @@ class Plan:
     data_lines: tuple[str, ...] = ()
     # Which weights the run starts from (launcher/plan/init_from.py), and a warning where that may surprise.
     weights_lines: tuple[str, ...] = ()
+    # The steps a trainer.max_tokens or trainer.max_epochs budget converts to (launcher/plan/run_length.py).
+    max_steps: int = 0
+    length_line: str = ""
+    # The optimizer, what weight decay skips and its state per parameter (contract/rules/optimizers.py).
+    optim_line: str = ""
 
     @property
     def gpu_hours(self) -> float:
@@ -113,6 +122,10 @@ class Plan:
             reasons = "; ".join(self.fit.strategy_reasons)
             lines.append(f"  strategy {self.strategy}" + (f" (auto: {reasons})" if reasons else ""))
             lines.append(f"  {self.fit.line()}")
+        if self.length_line:
+            lines.append(f"  {self.length_line}")
+        if self.optim_line:
+            lines.append(f"  {self.optim_line}")
         if self.lr:
             lines.append(f"  learning rate {self.lr:.4g}{self.lr_note}")
         if self.budget is not None:
@@ -128,7 +141,10 @@ class Plan:
             "grad_accum_steps": self.grad_accum_steps, "global_batch_size": self.global_batch_size,
             "tokens_per_step": self.tokens_per_step, "n_params": self.n_params, "strategy": self.strategy,
             "lr": self.lr, "gpus": self.gpus, "gpu_hours_reserved_per_attempt": self.gpu_hours,
+            "max_steps": self.max_steps,
         }
+        if self.length_line:
+            out["length"] = self.length_line.removeprefix("length: ")
         if self.fit is not None:
             out["memory_gb"] = self.fit.estimate.as_gb()
             out["capacity_gb"] = None if self.fit.capacity.bytes is None else round(self.fit.capacity.bytes / GB, 3)
@@ -167,11 +183,14 @@ def make_plan(cfg: DictConfig) -> Plan:
         validate_cluster(cfg)
     world = world_size(cfg)
     _check_ranges(cfg, world)
-    _check_model(cfg)
     normalize_init_from(cfg)  # before the probe and the run name, which read it
+    shape_lines = settle_shape(cfg)  # model.init_from's shape, before anything reads the model's keys
+    _check_model(cfg)
     check_inputs(cfg)
     check_eval(cfg)
+    check_keep_best(cfg)
     check_stability(cfg)
+    check_optim(cfg.optim)
     if cfg.strategy.name != "auto":
         _check_strategy(cfg, world)
     shape, shape_note = model_shape(cfg, world)
@@ -201,6 +220,9 @@ def make_plan(cfg: DictConfig) -> Plan:
     accum = _resolve_accumulation(cfg, dp)
     check_micro_batches(degrees, accum)
     global_batch = cfg.trainer.micro_batch_size * accum * dp
+    # Before anything reads trainer.max_steps (evaluation jobs, the schedule, the budget): a token or epoch budget
+    # becomes it here.
+    length = settle_length(cfg, global_batch, int(cfg.data.seq_len), world)
     check_eval_jobs(cfg, global_batch, tasks_per_node(cfg.cluster) if cfg.cluster is not None else 1)
     unbuilt = not_built(cfg, degrees)
     if unbuilt and not cfg.launcher.dry_run:
@@ -240,14 +262,18 @@ def make_plan(cfg: DictConfig) -> Plan:
         layout_lines=tuple(summary_lines(degrees, world, accum)),
         data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch) + tuple(
             line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
-        weights_lines=weights_lines(cfg, run_dir, world),
+        weights_lines=weights_lines(cfg, run_dir, world) + shape_lines,
+        max_steps=length.steps,
+        optim_line=plan_line(cfg.optim, None if shape is None else shape.optimizer_bytes_per_param(cfg.optim)),
+        length_line=length.line,
         **_reservation(cfg),
     )
 
 
 def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
     """data=tokens: what the run's `samples` samples read of each source, in epochs, and a warning for each
-    source the run will read more than once (contract/data/spec.py, mixture.py: the arithmetic the ranks use)."""
+    source the run will read more than once, unless trainer.max_epochs asked for that (contract/data/spec.py,
+    mixture.py: the arithmetic the ranks use)."""
     d = cfg.data
     if d.get("_target_") or d.name != "tokens":
         return ()
@@ -257,15 +283,16 @@ def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
     specs, seq_len = token_sources(d), int(d.seq_len)
     counts = samples_per_source([s.weight for s in specs], samples) if d.get("sources") else [samples]
     parts, warnings = [], []
+    counted = (cfg.trainer.get("epochs_of") or "") if cfg.trainer.get("max_epochs") is not None else None
     for spec, count in zip(specs, counts, strict=True):
         windows = spec.windows(seq_len)
         epochs = count / windows
         what = (f"{spec.name} {spec.weight:.3g} = {count:,}" if spec.name else
                 f"{spec.key}={spec.path} ({spec.kind}): {count:,}")
         parts.append(f"{what} of its {windows:,} ({epochs:.3g} epochs)")
-        if epochs > 1:
+        if epochs > 1 and spec.name != counted:
             warnings.append(f"warning: {spec.key.removesuffix('.path')} repeats: the run reads its {windows:,} samples "
-                            f"{epochs:.3g} times over; add data or lower trainer.max_steps")
+                            f"{epochs:.3g} times over; add data or lower {length_key(cfg)}")
     head = f"data: {samples:,} samples of {seq_len + 1} tokens over the run: "
     return (head + "; ".join(parts), *warnings)
 

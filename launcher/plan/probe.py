@@ -29,6 +29,8 @@ class Probe:
     # Why there is no shape (the model could not be built nor its weights read), or how the shape was had where the
     # plan should say so (from the weight files' shapes): the plan prints it and goes on.
     note: str = ""
+    # The samples of a user's dataset (its len: an epoch); None when it was not asked (launcher.force) or not read.
+    data_samples: int | None = None
 
 
 def needs_probe(cfg: DictConfig) -> bool:
@@ -83,8 +85,9 @@ def probe(cfg: DictConfig, world_size: int) -> Probe:
     if "facts" in answer:
         f = answer["facts"]
         shape = ModelShape(f["n_params"], f["block_params"], f["n_blocks"], f["largest_root"], f["root"],
-                           f["largest_param"], None, None, f["flops_per_token"] if f["flops_source"] == "model" else None)
-        return Probe(shape, answer.get("note", ""))
+                           f["largest_param"], None, None, f["flops_per_token"] if f["flops_source"] == "model" else None,
+                           param_shapes=tuple((tuple(s), bool(hidden)) for s, hidden in f.get("param_shapes", ())) or None)
+        return Probe(shape, answer.get("note", ""), answer.get("data_samples"))
     if answer.get("kind") in ("target", "config"):
         raise ConfigError(answer["error"])
     return Probe(None, f"memory not estimated: {answer['error']}")

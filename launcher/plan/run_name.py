@@ -21,6 +21,8 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  # The layout: a run may resume on another one (DCP reshards).
                  "parallel",
                  "trainer.max_steps",
+                 # A budget the plan converts to trainer.max_steps: how long the run goes, like it.
+                 "trainer.max_tokens", "trainer.max_epochs", "trainer.epochs_of",
                  # The end of a wsd stable phase, like trainer.max_steps how long the run goes: extending a run may
                  # move it (the plan says what the rate does across the resume).
                  "optim.decay_start_step",
@@ -37,7 +39,9 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
 NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference_batch_size": None,
                     "optim.schedule": "cosine", "optim.decay_fraction": 0.2, "optim.decay_shape": "1-sqrt",
                     "optim.timescale": None, "optim.z_loss": 0.0,
-                    "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
+                    "optim.no_decay": ["norm", "bias", "embedding"], "optim.momentum": None, "optim.nesterov": None,
+                    "optim.ns_steps": None, "optim.beta2_decay": None, "optim.clip_threshold": None,
+                    "model.norm_eps": 1e-5, "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
                     "model.init_from": None,
                     "data._target_": None, "data.args": {}, "data.sources": {}}
 

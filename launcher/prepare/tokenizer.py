@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from contract.data.manifest import TokenizerInfo, dtype_for_vocab
+from contract.data.run_tokenizer import BYTES
 from contract.errors import ConfigError
 
-BYTES = "bytes"
 BYTES_EOD = 256
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|end|>")
 _HINT = "give a local tokenizer.json, a directory holding one, or `bytes` (nothing is downloaded)"

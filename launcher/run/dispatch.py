@@ -27,8 +27,10 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
     done = resume_checks.finished_step(cfg, plan.run_dir)
     if done is not None and plan.mode != "prepare" and not plan.refusal:
         # Nothing to train: start no rank, submit nothing and leave the run directory as it is.
-        print(f"nothing to do: {plan.run_dir} is already at step {done} of trainer.max_steps="
-              f"{cfg.trainer.max_steps} (raise trainer.max_steps to train on)", file=sys.stderr)
+        from launcher.plan.run_length import length_key, length_text
+
+        print(f"nothing to do: {plan.run_dir} is already at step {done} of {length_text(cfg)} (raise "
+              f"{length_key(cfg)} to train on)", file=sys.stderr)
         return 0
     if plan.refusal:
         from contract.errors import EXIT_BAD_INPUT

@@ -23,11 +23,11 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from contract.errors import EXIT_BAD_INPUT, EXIT_KILLED, EXIT_STOPPED, ConfigError, SweepExit
 from contract.rules.sbatch import executor_parameters
 from contract.rundir import ckpt_layout as layout
-from contract.rundir.metrics_file import read_metrics, training_rows
 from launcher.checks import resume_checks
 from launcher.checks.overrides import override_key, typed_as
 from launcher.plan.launch_plan import Plan, make_plan
 from launcher.run import rundir, slurm
+from launcher.sweeps.summary import print_summary
 from launcher.sweeps.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
 
 if TYPE_CHECKING:
@@ -310,36 +310,8 @@ def run_here(points: list[PointRun], sweep_dir: Path) -> int:
         codes[p.point.index] = dispatch(p.cfg, argv=point_command(p))
         if codes[p.point.index] in (EXIT_STOPPED, EXIT_KILLED):
             break  # Ctrl-C, a stop signal, a second Ctrl-C: stop the sweep; the same command resumes it
-    _summary(points, codes, sweep_dir)
+    print_summary(points, codes, sweep_dir)
     for interrupted in (EXIT_KILLED, EXIT_STOPPED):
         if interrupted in codes.values():
             return interrupted
     return 1 if any(codes.values()) else 0
-
-
-def _last_row(run_dir: Path) -> dict[str, Any]:
-    """The newest row of a training step (a row of validation alone has no loss)."""
-    rows = training_rows(read_metrics(run_dir))
-    return rows[-1] if rows else {}
-
-
-def _summary(points: list[PointRun], codes: dict[int, int | None], sweep_dir: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"sweep {sweep_dir.name}")
-    for col in ("point", "overrides", "result", "step", "final loss", "run directory"):
-        table.add_column(col)
-    for p in points:
-        code = codes.get(p.point.index)
-        result = {None: p.action if p.action != "run" else "not run", 0: "finished",
-                  EXIT_STOPPED: "stopped (resumable)", EXIT_KILLED: "killed (resumable from its last checkpoint)"}.get(
-            code, f"failed (exit {code})")
-        row = _last_row(p.run_dir)
-        loss = f"{row['loss']:.4f}" if "loss" in row else "-"
-        latest = layout.latest_complete_checkpoint(p.run_dir)
-        step = max(int(row.get("step", 0)), latest.step if latest else 0)  # a stop saves past the last logged step
-        table.add_row(str(p.point.index), p.label, result, f"{step}/{p.cfg.trainer.max_steps}", loss,
-                      str(p.run_dir))
-    Console(stderr=True, width=200).print(table)
-    print(f"sweep directory: {sweep_dir}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """model=hf_causal_lm from a local config trains with fsdp on 2 ranks; `python -m launcher.export` turns the
 2-rank checkpoint into a Hugging Face directory and a safetensors file that reproduce the trained model. Tied
 weights (ours by default, a Hugging Face config with tie_word_embeddings) are stored once, so each format loads
-with its library's own loader as the README shows; what export writes follows the user's umask."""
+with its library's own loader as the README shows; what export writes follows the user's umask. Our transformer
+with checkpoint.export_hf=true leaves a verified Hugging Face export of its final checkpoint, named in status."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from launcher.run.local import free_port
 from tests.conftest import ROOT, launcher_env
 from tests.dist.workers import train_and_dump_full_model
 from tests.forked_cli import EXPORT_PRELOAD, run_module
+from tests.prepared_data import write_prepared
 
 pytestmark = pytest.mark.dist
 
@@ -33,6 +35,8 @@ RUNS = {
     "ours": ["model=tiny", "strategy=fsdp", "strategy.activation_checkpointing=true", "trainer.max_steps=3"],
     # A Hugging Face model whose output layer shares the input embedding (config path filled in by the fixture).
     "hf_tied": ["model=hf_causal_lm", "strategy=fsdp", "trainer.max_steps=3"],
+    # Ours on a prepared `bytes` dataset (data filled in by the fixture), exported by rank 0 at the end.
+    "ours_export": ["model=tiny", "strategy=fsdp", "trainer.max_steps=3", "checkpoint.export_hf=true"],
 }
 TIED = {"ours": ("embed.weight", "lm_head.weight"), "hf_tied": ("lm_head.weight", "model.embed_tokens.weight")}
 
@@ -43,7 +47,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tied_config = json.loads((HF_CONFIG / "config.json").read_text()) | {"tie_word_embeddings": True}
     (out / "tied_llama").mkdir()
     (out / "tied_llama" / "config.json").write_text(json.dumps(tied_config))
-    runs = {**RUNS, "hf_tied": [*RUNS["hf_tied"], f"model.config_path={out / 'tied_llama'}"]}
+    write_prepared(out / "bytes data", [list(b"the quick brown fox jumps over the lazy dog. " * 40) + [256]] * 8)
+    runs = {**RUNS, "hf_tied": [*RUNS["hf_tied"], f"model.config_path={out / 'tied_llama'}"],
+            "ours_export": [*RUNS["ours_export"], "data=tokens", f"data.path={out / 'bytes data'}",
+                            "model.vocab_size=257"]}
     mp.spawn(train_and_dump_full_model, args=(2, free_port(), str(out), runs), nprocs=2)
     return out
 
@@ -118,19 +125,23 @@ def test_safetensors_of_a_2_rank_fsdp_checkpoint_loads_with_load_model(trained: 
     else:
         assert keys == set(mine)
     assert metadata["step"] == str(last_step(trained, name))
-    if name == "ours":  # the run also refuses --format hf, naming the right one
-        wrong = export(str(trained / name), "--format", "hf")
-        assert wrong.returncode == 2 and "use --format safetensors" in wrong.stderr
+    if name == "ours":  # slurmtrain's transformer exports as a Hugging Face model too, verified (issue 29)
+        hf = export(str(trained / name), "--format", "hf")
+        assert hf.returncode == 0 and "export: verified: logits within" in hf.stderr, hf.stderr[-3000:]
+
+
+README_BLOCKS = {"# --format safetensors": "safetensors", "# --format hf\n": "hf",
+                 "# --format hf with the run's tokenizer": "hf with tokenizer"}
 
 
 def readme_export_examples() -> dict[str, str]:
-    """The README's Python examples for loading an export, by the format they load."""
+    """The README's Python examples for loading an export, by the format their first line names."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("**Export**"):]
     section = section[:section.index("\n## ")]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    found = {"hf" if "from_pretrained" in block else "safetensors": block for block in blocks}
-    assert sorted(found) == ["hf", "safetensors"], blocks
+    found = {name: block for block in blocks for start, name in README_BLOCKS.items() if block.startswith(start)}
+    assert sorted(found) == sorted(README_BLOCKS.values()) and len(blocks) == len(found), blocks
     return found
 
 
@@ -141,7 +152,7 @@ def test_readme_examples_load_a_tied_exports_of_each_format(trained: Path) -> No
     for fmt in ("hf", "safetensors"):
         out = export(str(trained / "hf_tied"), "--format", fmt)
         assert out.returncode == 0, out.stderr[-3000:]
-    for fmt, code in readme_export_examples().items():
+    for fmt, code in [(f, c) for f, c in readme_export_examples().items() if f in ("hf", "safetensors")]:
         code = code.replace("/tmp/hf/llama", str(trained / "hf_tied")).replace("step_20", f"step_{step}")
         namespace: dict[str, Any] = {}
         exec(compile(code, f"README.md ({fmt})", "exec"), namespace)
@@ -219,3 +230,40 @@ def test_an_out_path_that_cannot_be_written_is_one_line_and_leaves_nothing(train
     assert out.stderr.startswith(f"error: cannot write {target} (") and "--out PATH in a directory you can write" in (
         out.stderr)
     assert sorted((trained / "hf").rglob("*")) == before and not Path(target).exists()
+
+
+def test_export_hf_at_the_end_of_training_leaves_a_verified_export_named_in_status(
+        trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from contract.rundir.hf_export import read_record
+    from launcher import status
+
+    run, ref = trained / "ours_export", reference(trained, "ours_export")
+    out = run / "export" / "hf_step_3"
+    record = read_record(run)
+    assert record is not None and record["ok"] and record["step"] == 3 and record["path"] == str(out), record
+    assert record["detail"].startswith("verified: logits within ") and "greedy continuations of 32 tokens" in (
+        record["detail"])
+    assert not [p for p in (run / "export").iterdir() if ".partial-" in p.name]
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():  # the trained model's own logits, as the 2 fsdp ranks computed them
+        torch.testing.assert_close(model(ref["tokens"]).logits, ref["logits"], rtol=1e-4, atol=1e-4)
+    assert AutoTokenizer.from_pretrained(out).decode([104, 105, 256]) == "hi<|endoftext|>"
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 256
+    capsys.readouterr()
+    shutil.copy(run / "checkpoints" / "step_3" / "config.yaml", run / "config.yaml")  # as the launcher writes it
+    assert status.main([str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["hf_export"]["path"] == str(out)
+    assert status.main([str(run)]) == 0
+    assert "ours_export: Hugging Face export: step 3 at" in " ".join(capsys.readouterr().out.split())
+
+
+def test_readme_example_loads_our_models_export_with_its_tokenizer(trained: Path) -> None:
+    """The README's own code for `--format hf` of our transformer, on the export checkpoint.export_hf wrote."""
+    code = readme_export_examples()["hf with tokenizer"]
+    code = code.replace("/tmp/corpus/runs/code/export/hf_step_200", str(trained / "ours_export" / "export" /
+                                                                       "hf_step_3"))
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "README.md (hf with tokenizer)", "exec"), namespace)
+    assert namespace["text"].startswith("def main(") and len(namespace["text"]) > len("def main(")

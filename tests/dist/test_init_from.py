@@ -1,6 +1,8 @@
 """model.init_from on 2 CPU ranks: fine-tuning from saved Hugging Face models (GPT-NeoX and Mixtral saved under other
-names than their modules') and from another run's fsdp checkpoint under ddp and fsdp; the first step's loss is the loss the loaded weights give in one process on the same
-batch. A resume loads the run's own checkpoint and never reads model.init_from (its source is gone by then)."""
+names than their modules') and from another run's fsdp checkpoint under ddp and fsdp; a saved Hugging Face Llama and
+GPT-2 converted into slurmtrain's own transformer under tensor parallelism, fsdp and ddp (issue 29); the first
+step's loss is the loss the loaded weights give in one process on the same batch. A resume loads the run's own
+checkpoint and never reads model.init_from (its source is gone by then)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from launcher.compose import compose_and_plan
 from launcher.run.local import free_port
 from tests.conftest import read_metrics
-from train.model.build import build_model, logits_of
 from train.data import build_source, load_micro_batch
+from train.model.build import build_model, logits_of
 from train.weights.export import load_model_state
 
 pytestmark = pytest.mark.dist
@@ -34,6 +37,14 @@ LAYOUTS = ("ddp", "fsdp")
 HF_ARCHS = {"Llama": {"num_key_value_heads": 2}, "GPTNeoX": {},
             "Mixtral": {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2}}
 HF_RUNS = [*(("Llama", s) for s in LAYOUTS), ("GPTNeoX", "fsdp"), ("Mixtral", "ddp")]
+# Into slurmtrain's own transformer (its keys as the saved config.json has them; LlamaConfig's rms_norm_eps is 1e-6).
+NATIVE = {"Llama": ["model.vocab_size=128", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
+                    "model.n_kv_heads=2", "model.ffn_hidden=64", "model.norm_eps=1e-6", "model.tie_embeddings=false"],
+          "GPT2": ["model.vocab_size=128", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
+                   "model.ffn_hidden=64", "model.max_seq_len=64", "model.position=learned", "model.mlp=gelu",
+                   "model.norm=layernorm", "model.tie_embeddings=false"]}
+NATIVE_RUNS = {"Llama-tp": ("Llama", ["strategy=fsdp", "parallel.tp=2"]), "Llama-fsdp": ("Llama", ["strategy=fsdp"]),
+               "GPT2-ddp": ("GPT2", ["strategy=ddp"])}  # learned positions: no tensor parallelism yet
 
 
 def _join(rank: int, port: int) -> None:
@@ -56,6 +67,8 @@ def run_planned(rank: int, port: int, runs: list[tuple[Any, str]], moves: dict[i
         env = distributed.detect()
         for i, (cfg, run_dir) in enumerate(runs):
             Path(run_dir).mkdir(parents=True, exist_ok=True)
+            if rank == 0:  # as the launcher writes it: the plan of a resume reads the run's own shape there
+                OmegaConf.save(cfg, Path(run_dir) / "config.yaml", resolve=True)
             train(cfg, env, torch.device("cpu"), Path(run_dir))
             if i in moves:
                 if rank == 0:
@@ -88,12 +101,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                                         max_position_embeddings=64, tie_word_embeddings=False, **extra)
         hf_dirs[arch] = root / f"saved {arch}"
         getattr(transformers, f"{arch}ForCausalLM")(config).save_pretrained(hf_dirs[arch])
+    torch.manual_seed(7)  # GPT-2 initialises its biases to zero: slurmtrain's transformer (no biases) takes it
+    gpt2 = transformers.GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=64,
+                                   tie_word_embeddings=False)
+    hf_dirs["GPT2"] = root / "saved GPT2"
+    transformers.GPT2LMHeadModel(gpt2).save_pretrained(hf_dirs["GPT2"])
     # The source run: our transformer trained 3 steps under fsdp, its checkpoint at the end.
     source = _plan(root, "source", *OURS, "strategy=fsdp", "trainer.max_steps=3")
     _spawn([source[:2]])
     planned = {f"hf-{a}-{s}": _plan(root, f"hf-{a}-{s}", "model=hf_causal_lm", f"model.config_path={hf_dirs[a]}",
                                     f"model.init_from={hf_dirs[a]}", "trainer.max_steps=1", f"strategy={s}")
                for a, s in HF_RUNS}
+    planned |= {f"native-{name}": _plan(root, f"native-{name}", *NATIVE[arch], f"model.init_from={hf_dirs[arch]}",
+                                        "trainer.max_steps=1", *layout)
+                for name, (arch, layout) in NATIVE_RUNS.items()}
     ckpt = [*OURS, f"model.init_from={source[1]}", "trainer.max_steps=1"]
     planned |= {f"ckpt-{s}": _plan(root, f"ckpt-{s}", *ckpt, f"strategy={s}") for s in LAYOUTS}
     # A run started from the same checkpoint, then resumed (trainer.max_steps raised) while the source is moved away.
@@ -133,6 +154,19 @@ def test_fine_tuning_a_saved_hugging_face_model_starts_from_its_loss(runs: dict[
     with safe_open(str(hf_dir / "model.safetensors"), "pt") as f:
         saved = len(list(f.keys()))
     assert weights == f"weights: from {hf_dir} ({saved} tensors)"
+    expected = _first_batch_loss(AutoModelForCausalLM.from_pretrained(hf_dir), cfg)
+    assert _step_loss(run_dir, 1) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("name", NATIVE_RUNS)
+def test_a_saved_llama_or_gpt2_trains_as_slurmtrains_own_model_from_its_loss(runs: dict[str, Any], name: str) -> None:
+    """Converted on load (the RoPE permutation, GPT-2's Conv1D and fused q/k/v), then split by tensor parallelism,
+    sharded by FSDP or replicated by DDP: the first step's loss is the Hugging Face model's on the same batch."""
+    from transformers import AutoModelForCausalLM
+
+    cfg, run_dir, weights = runs["planned"][f"native-{name}"]
+    hf_dir = runs["hf_dirs"][NATIVE_RUNS[name][0]]
+    assert cfg.model.get("_target_") is None and weights.startswith(f"weights: from {hf_dir} (")
     expected = _first_batch_loss(AutoModelForCausalLM.from_pretrained(hf_dir), cfg)
     assert _step_loss(run_dir, 1) == pytest.approx(expected, rel=1e-5)
 

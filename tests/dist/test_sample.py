@@ -1,6 +1,7 @@
 """python -m launcher.sample on a run trained with fsdp on 2 ranks on a tiny repeating corpus (a prepared bytes
 dataset of "abcdefgh" over and over): the 2-rank checkpoint loads on one process and the model continues the
-pattern, from text (the run's tokenizer) and from ids; top-k 1 sampling is greedy; a seed repeats a sample."""
+pattern, from text (the run's tokenizer) and from ids; top-k 1 sampling is greedy; a seed repeats a sample; greedy
+output is the same with and without the key/value cache, past the context too."""
 
 from __future__ import annotations
 
@@ -68,3 +69,12 @@ def test_sampling_follows_the_seed(run_dir: Path, capsys: pytest.CaptureFixture[
     first, again, other = (sample_here(capsys, run_dir, *args, "--seed", seed) for seed in ("1", "1", "2"))
     assert first == again != other
     assert not first.startswith("ab" + PATTERN[2:] + PATTERN)
+
+
+def test_greedy_output_is_the_same_with_and_without_the_cache(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 100 new tokens: past the context (model.max_seq_len=64), where the window slides and the cache is left.
+    args = ["--prompt", "cdef", "--max-new-tokens", "100"]
+    cached, uncached = sample_here(capsys, run_dir, *args), sample_here(capsys, run_dir, *args, "--no-cache")
+    assert cached == uncached == "cdef" + (PATTERN * 14)[6:106] + "\n"
+    ids = ["--tokens", "1,2,3", "--max-new-tokens", "70", "--ids"]  # an untrained prompt: whatever it continues with
+    assert sample_here(capsys, run_dir, *ids) == sample_here(capsys, run_dir, *ids, "--no-cache")

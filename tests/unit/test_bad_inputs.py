@@ -140,8 +140,21 @@ CASES = [
                                "model.tie_embeddings=false"), "pick a tp that divides both"),
     Case("sweep-grammar", ("-m", "trainer.seed=1,[2"), "expecting {COMMA, BRACKET_CLOSE}: write overrides as"),
     # -- names that would not say what trains; suggestions that point the wrong way ------------------------------
-    Case("optim-name", ("optim.name=sgd",), "optim.name=sgd is not an optimizer slurmtrain implements (one of adamw): "
-                                            "choose optim=adamw"),
+    Case("optim-name", ("optim.name=lamb",), "optim.name=lamb is not an optimizer slurmtrain implements (one of "
+                                             "adamw, sgd, adafactor, muon, lion): choose one of those"),
+    Case("optim-name-option", ("optim.name=sgd",), "choose the group, optim=sgd (not optim.name=...)"),
+    # -- optimizers: a key the chosen one does not read, a kind weight decay can't skip, a strategy that can't step it
+    Case("optim-unread-key", ("optim=sgd", "optim.beta1=0.8"), "optim.beta1=0.8 has no effect on optim=sgd (adamw, "
+                                                               "muon, lion read it): drop it or choose one of those"),
+    Case("optim-unread-own-key", ("optim.momentum=0.9",), "optim.momentum=0.9 has no effect on optim=adamw (sgd, "
+                                                          "muon read it)"),
+    Case("optim-no-decay-kind", ("optim.no_decay=[norms]",), "optim.no_decay names norms, which is not one of norm, "
+                                                             "bias, embedding, vector"),
+    Case("optim-zero-muon", ("optim=muon", "strategy=zero2"), "optim=muon with strategy=zero2: DeepSpeed steps flat "
+                                                              "1-D partitions and muon orthogonalises each matrix; "
+                                                              "use strategy=fsdp"),
+    Case("optim-offload-sgd", ("optim=sgd", "strategy=zero3_offload"), "optim=sgd with strategy=zero3_offload: "
+                                                                       "ZeRO-Offload steps only DeepSpeed's CPU Adam"),
     Case("model-name-option", ("model.name=llama3_8b",), "choose the group, model=llama3_8b (not model.name=...)"),
     Case("model-name-label", ("model.name=mine",), "name the run with run.name=mine"),
     Case("data-name", ("data.name=foo",), "data.name=foo is not a data source slurmtrain reads (synthetic, tokens)"),

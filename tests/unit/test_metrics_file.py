@@ -12,7 +12,7 @@ import pytest
 
 from contract.rundir import metrics_file
 from launcher.observe import run_rows
-from launcher.sweeps import sweep_run
+from launcher.sweeps import summary
 from tests import conftest
 from tests.slurm import helpers
 from train.distributed import DistEnv
@@ -133,7 +133,7 @@ def test_every_reader_gets_the_non_finite_floats(diverged_run: Path) -> None:
     for rows in (run_rows.read_metrics(diverged_run), conftest.read_metrics(diverged_run)):
         assert [r["step"] for r in rows] == [1, 2]
         assert math.isnan(rows[1]["loss"]) and rows[1]["lr"] == INF and math.isnan(rows[1]["rank_step_time_s"][1])
-    last = sweep_run._last_row(diverged_run)
+    last = summary.last_row(diverged_run)
     assert last["step"] == 2 and math.isnan(last["loss"])
     assert helpers.logged_steps(diverged_run) == 2
 

@@ -50,7 +50,7 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_schema_declares_every_path_key() -> None:
     declared = dict(key_checks.path_keys())
     assert declared == {"model.config_path": "", "model.init_from": "", "data.path": "", "data.sources": "path",
-                        "run.root": "", "eval.sets": "path"}
+                        "run.root": "", "eval.sets": "path", "eval.harness.include_path": ""}
 
     def named_like_a_path(cls: type, prefix: str = "") -> set[str]:
         out: set[str] = set()
@@ -165,9 +165,9 @@ def test_a_saved_relative_config_resumes_under_its_run_name(here: Path, monkeypa
 
 def test_a_run_saved_with_relative_paths_says_where_to_read_them_from(here: Path) -> None:
     """config.yaml files written before paths were made absolute: read elsewhere, the message says where to run."""
+    from contract.data.run_tokenizer import run_tokenizer
     from contract.data.spec import token_sources
     from contract.errors import ConfigError
-    from launcher.observe.run_tokenizer import run_tokenizer
 
     data = OmegaConf.create({"name": "tokens", "path": "data/prepared", "dtype": "uint16", "sources": {}})
     tokenizer, why = run_tokenizer(data)

@@ -48,6 +48,11 @@ def make_sweep(root: Path, grid: list[dict[str, str]], max_steps: int = 30,
     return sweep_dir, metrics
 
 
+def logged_lines(ax: Any) -> list[Any]:
+    """The panel's lines of logged values: each run's smoothed loss line (gid "smoothed") left out."""
+    return [line for line in ax.get_lines() if line.get_gid() != "smoothed"]
+
+
 def legend_texts(fig: Any) -> list[str]:
     """The entries of the figure's legend (drawn above the panels, figures.legend_above)."""
     [legend] = fig.legends
@@ -139,7 +144,7 @@ def test_a_diverged_run_is_marked_where_its_loss_stopped_being_finite(root: Path
     assert [s for s, _ in top_edge_marks(single)] == list(range(20, 101, 10))
     training = figures.training_figure(target.runs, title)
     loss_ax = training.axes[0]
-    [line] = loss_ax.get_lines()
+    [line] = logged_lines(loss_ax)
     assert list(line.get_xdata()) == [r["step"] for r in rows]
     assert same_floats(line.get_ydata(), [r["loss"] for r in rows])  # drawn to the last finite point
     from matplotlib import colors
@@ -171,7 +176,7 @@ def test_learning_rate_and_gradient_norm_panels_beside_the_loss(root: Path) -> N
     fig = figures.training_figure(target.runs, title)
     assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "learning rate", "gradient norm"]
     for ax, key in zip(fig.axes, ("loss", "lr", "grad_norm"), strict=True):
-        lines = ax.get_lines()
+        lines = logged_lines(ax)
         assert [line.get_label() for line in lines][:3] == [f"optim.lr={lr}" for lr in LRS[:3]]
         for line, rows in zip(lines, metrics, strict=True):
             assert same_floats(line.get_ydata(), [r[key] for r in rows])
@@ -197,7 +202,7 @@ def test_a_run_root_is_one_figure_overlaying_its_runs(root: Path, capsys: pytest
     target, title = report.load(root)
     assert title == root.name
     loss_ax = figures.training_figure(target.runs, title).axes[0]
-    assert [line.get_label() for line in loss_ax.get_lines()] == ["point 0", "point 1", "point 3", "solo"]
+    assert [line.get_label() for line in logged_lines(loss_ax)] == ["point 0", "point 1", "point 3", "solo"]
 
 
 def test_a_diverged_sweep_point_is_on_the_final_loss_plot(root: Path) -> None:
@@ -265,7 +270,7 @@ def test_a_run_root_with_a_damaged_run_still_plots_every_run(root: Path, capsys:
     assert warning.startswith(f"warning: {root / 'd_noise/config.yaml'} is damaged (") and warning.endswith(restore)
     target, title = report.load(root)
     loss_ax = figures.training_figure(target.runs, title).axes[0]
-    assert [line.get_label() for line in loss_ax.get_lines()] == ["d_noise (damaged config)", "good"]
+    assert [line.get_label() for line in logged_lines(loss_ax)] == ["d_noise (damaged config)", "good"]
     assert report.main([str(root / "d_noise")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and restore in err
@@ -287,7 +292,7 @@ def test_overlay_draws_the_chosen_runs_together_into_out(root: Path, capsys: pyt
     target, title = report.overlay(dirs)
     assert title == "d vs my sweep"
     fig = figures.training_figure(target.runs, title)
-    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    lines = {line.get_label(): line for line in logged_lines(fig.axes[0])}
     # Runs of the same name are told apart by their directory.
     expected = {"d (a/d)": first, "d (b/d)": second, "optim.lr=1e-4": sweep_rows[0], "optim.lr=3e-4": sweep_rows[1]}
     assert list(lines) == list(expected) == legend_texts(fig)

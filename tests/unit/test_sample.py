@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from contract.data.run_tokenizer import run_tokenizer
 from launcher import sample
-from launcher.observe.run_tokenizer import run_tokenizer
 from tests.conftest import ROOT, launcher_env
 from tests.prepared_data import write_prepared
 

@@ -153,7 +153,7 @@ def add_validation_only_rows(run_dir: Path, rows: dict[int, float], old: bool) -
 @pytest.mark.parametrize("old", [True, False], ids=["with tokens_per_s 0", "without tokens_per_s"])
 def test_a_validation_row_is_no_throughput_sample_nor_the_last_loss(tmp_path: Path, old: bool,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from launcher.sweeps import sweep_run
+    from launcher.sweeps import summary
 
     run_dir = tmp_path / "r"
     trained = write_run(run_dir, name="r", max_steps=40, losses=[4.0, 3.0, 2.5, 2.0])
@@ -169,7 +169,7 @@ def test_a_validation_row_is_no_throughput_sample_nor_the_last_loss(tmp_path: Pa
     # launcher.status and a local sweep's table: the last training row's loss and throughput.
     [row] = run_json(capsys, str(run_dir))["rows"]
     assert (row["step"], row["loss"], row["tokens_per_s"]) == (40, 2.0, trained[-1]["tokens_per_s"])
-    assert sweep_run._last_row(run_dir)["loss"] == 2.0
+    assert summary.last_row(run_dir)["loss"] == 2.0
 
 
 def test_a_diverged_run_ending_in_a_validation_row_is_still_diverged(tmp_path: Path,

@@ -35,7 +35,7 @@ from contract.rules.eval_jobs import evaluated_step, jobs_enabled
 from contract.rundir import ckpt_layout as layout
 from contract.rundir import eval_results
 from train.checkpoints import manifest as manifest
-from train.checkpoints.retention import _remove_all, _submit_evaluation, doomed_checkpoints
+from train.checkpoints.retention import _submit_evaluation, apply_retention
 from train.checkpoints.state import (
     ModelOptimState,
     _serialized,
@@ -243,9 +243,8 @@ class CheckpointManager:
         if (self.submits_evaluations and evaluated_step(self.cfg, step)
                 and eval_results.mark_pending(self.run_dir, step)):  # before retention looks
             self.io.submit(_submit_evaluation, self.cfg, self.run_dir, step)
-        doomed = doomed_checkpoints(self.run_dir, self.cfg.checkpoint)
-        if doomed:  # deleting gigabytes takes a while: in the background (each drops its marker first)
-            self.io.submit(_remove_all, doomed)
+        # Deleting gigabytes takes a while, and keep_best reads the run's measurements: in the background.
+        self.io.submit(apply_retention, self.run_dir, self.cfg.checkpoint)
 
     def close(self) -> None:
         """Finish any save in flight, and the file writes and deletions behind it; free the staging buffers."""

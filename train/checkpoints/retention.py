@@ -1,5 +1,5 @@
-"""Which checkpoints go (checkpoint.keep_last, keep_every; never one an evaluation job has not read) and the
-evaluation job handed each evaluated checkpoint once it is complete.
+"""Which checkpoints go (checkpoint.keep_last, keep_every; never the one checkpoint.keep_best keeps, nor one an
+evaluation job has not read) and the evaluation job handed each evaluated checkpoint once it is complete.
 """
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from contract.rules.keep_best import keep_best_ranking
 from contract.rundir import ckpt_layout as layout
 from contract.rundir import eval_results
+from contract.rundir.measured import kept_for_best
 from train.checkpoints import manifest as manifest
 from train.observe.metrics import log
 
@@ -19,9 +21,20 @@ def _remove_all(doomed: list[layout.CheckpointDir]) -> None:
 
 
 def doomed_checkpoints(run_dir: Path, checkpoint_cfg: Any) -> list[layout.CheckpointDir]:
-    """Retention (checkpoint.keep_last, keep_every), less the checkpoints an evaluation job has yet to read."""
+    """Retention (checkpoint.keep_last, keep_every), less the best by checkpoint.keep_best (as measured so far: read
+    from the run directory, so a resume or a requeue keeps the same one) and the checkpoints an evaluation job has
+    yet to read (whose measurement may make one of them the best)."""
     doomed = layout.to_delete(layout.list_checkpoints(run_dir), checkpoint_cfg.keep_last, checkpoint_cfg.keep_every)
-    return [c for c in doomed if not eval_results.awaiting_evaluation(run_dir, c.step)]
+    if not doomed:
+        return []
+    best = kept_for_best(run_dir, keep_best_ranking(checkpoint_cfg))
+    return [c for c in doomed if c.step not in best and not eval_results.awaiting_evaluation(run_dir, c.step)]
+
+
+def apply_retention(run_dir: Path, checkpoint_cfg: Any) -> None:
+    """On the checkpoint I/O thread: retention's choice (which reads the run's measurements with keep_best) and the
+    deletions (each drops its marker first)."""
+    _remove_all(doomed_checkpoints(run_dir, checkpoint_cfg))
 
 
 def _submit_evaluation(cfg: Any, run_dir: Path, step: int) -> None:

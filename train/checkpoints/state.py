@@ -31,8 +31,15 @@ class ModelOptimState(Stateful):
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The saved state of each parameter (matched by name); each group's settings stay this run's config's. The
+        saved groups' settings are the writing run's, and a checkpoint grouped otherwise (written before
+        optim.no_decay, whose default moved the embeddings) would leave a group without them, or give a parameter
+        another group's weight decay. The rate is the schedule's, set when the scheduler loads."""
+        configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
                        optim_state_dict=state_dict["optim"])
+        for group, settings in zip(self.optimizer.param_groups, configured, strict=True):
+            group.update(settings)
 
 
 def refuse_fused_layout(dcp_dir: Path) -> None:

@@ -3,7 +3,7 @@
     python -m launcher.worker --evaluate RUN_DIR STEP
 
 loads the model weights of STEP's checkpoint on this job's ranks and runs the in-loop Validator over the sets the run
-names, so the losses are those an in-loop pass at that step gives. Only the weights are read, as model.init_from
+names and its eval.harness.tasks, so the values are those an in-loop pass at that step gives. Only the weights are read, as model.init_from
 reads them (train/weights/init_weights.py): into each rank's model before the strategy places it, forward only (no
 optimizer: strategies' setup(train=False)), so a sharding strategy shards them and any number of ranks loads a
 checkpoint of any strategy (DCP or DeepSpeed), never touching its optimizer state; the accumulation is re-derived
@@ -50,7 +50,8 @@ def for_world(cfg: Any, world_size: int) -> None:
         t.grad_accum_steps = int(t.global_batch_size) // per_step
 
 
-def run(run_dir: str | Path, step: int) -> int:
+def run(run_dir: str | Path, step: int, config: str | Path | None = None) -> int:
+    """`config`: launcher.evaluate's (the run's with its eval.* overrides); else the checkpoint's own."""
     run_dir = Path(run_dir).resolve()
     from contract.rundir import ckpt_layout as layout
 
@@ -61,7 +62,7 @@ def run(run_dir: str | Path, step: int) -> int:
         print(f"error: {checkpoint.path} is not a complete checkpoint (deleted, or never finished): nothing to "
               "evaluate", file=sys.stderr)
         return 2
-    cfg = load_config(checkpoint.path / "config.yaml")  # what trained it
+    cfg = load_config(Path(config) if config else checkpoint.path / "config.yaml")  # what trained it, or asked
     from train.faults.signals import StopFlag, preempt_signal
 
     flag = StopFlag(preempt_signal(cfg))  # before the heavy imports
@@ -78,7 +79,7 @@ def run(run_dir: str | Path, step: int) -> int:
     device = distributed.device_for(env, backend)
     try:
         distributed.init_process_group(env, backend, timeout_s=int(cfg.watchdog.startup_timeout_s))
-        values, requeue_job = evaluate(cfg, env, device, run_dir, checkpoint, flag)
+        values, requeue_job = evaluate(cfg, env, device, run_dir, checkpoint, flag, always=config is not None)
     except ConfigError as err:
         log.error("error: %s", err)
         print(f"error: {err}", file=sys.stderr)
@@ -109,10 +110,11 @@ def run(run_dir: str | Path, step: int) -> int:
     return 0
 
 
-def evaluate(cfg: Any, env: Any, device: Any, run_dir: Path, checkpoint: Any,
-             flag: Any) -> tuple[dict[str, float] | None, str | None]:
-    """Every set's loss and perplexity; None when the job was asked to stop before the pass, with the job rank 0
-    requeues once everything is closed."""
+def evaluate(cfg: Any, env: Any, device: Any, run_dir: Path, checkpoint: Any, flag: Any,
+             always: bool = False) -> tuple[dict[str, float] | None, str | None]:
+    """Every set's loss and perplexity and every harness task's scores; None when the job was asked to stop before
+    the pass, with the job rank 0 requeues once everything is closed. `always`: launcher.evaluate's, whether or not
+    the run validates."""
     from contract.rules.init_source import checkpoint_source
     from train.evaluation.validator import Validator
     from train.model.build import build_model
@@ -129,7 +131,7 @@ def evaluate(cfg: Any, env: Any, device: Any, run_dir: Path, checkpoint: Any,
     if env.is_main:
         log.info("evaluating step %d (%s, %d tensors of its weights) on %d ranks", checkpoint.step, checkpoint.path,
                  count, env.world_size)
-    validator = Validator(cfg, strategy, device)
+    validator = Validator(cfg, strategy, device, always=always)
     _hold_for_test(env, run_dir, checkpoint.step, flag)
     stop, requeue_job = _agreed_stop(env, cfg, checkpoint.step, flag)
     return (None, requeue_job) if stop else (validator.run(model), None)

@@ -27,11 +27,12 @@ def clean_environment(environ: dict[str, str]) -> dict[str, str]:
             if k in KEPT or not (k.startswith(INHERITED_PREFIXES) or k in INHERITED_NAMES)}
 
 
-def submit_evaluation(cfg: DictConfig, run_dir: Path, step: int) -> str:
-    """sbatch the evaluation of step N's checkpoint; its job id. Raises RuntimeError with sbatch's words."""
+def submit_evaluation(cfg: DictConfig, run_dir: Path, step: int, config: Path | None = None) -> str:
+    """sbatch the evaluation of step N's checkpoint; its job id. Raises RuntimeError with sbatch's words.
+    `config`: the job reads it instead of the checkpoint's (launcher.evaluate's overrides)."""
     script = eval_results.eval_dir(run_dir) / "slurm" / f"step_{step}.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(render_script(cfg, run_dir, step))
+    script.write_text(render_script(cfg, run_dir, step, config))
     out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=300,
                          env=clean_environment(dict(os.environ)))
     if out.returncode != 0:

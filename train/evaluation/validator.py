@@ -21,9 +21,11 @@ import torch.nn.functional as F
 
 from contract.rules.eval_jobs import jobs_enabled
 from contract.rules.eval_sets import HELD_OUT_START, enabled, eval_section, repeat_warning, resolved_sets
+from contract.rules.harness import tasks as harness_tasks
 from contract.rundir import validation_log
 from train.data.batches import IGNORE_INDEX, planned_micro_batches
 from train.distributed import all_reduce_max
+from train.evaluation.harness import Harness
 from train.evaluation.set_batches import SetBatches, samples_in
 from train.model.build import logits_of
 from train.observe.metrics import log
@@ -72,10 +74,11 @@ def build_set_source(cfg: Any, entry: dict[str, Any], name: str = "") -> Any:
 
 class Validator:
     """Due every eval.every steps and at the end. With eval.async_jobs the loop's only pass is step 0's
-    (eval.at_start); an evaluation job (train/evaluation/job.py) runs the same pass on a checkpoint."""
+    (eval.at_start); an evaluation job (train/evaluation/job.py) runs the same pass on a checkpoint (`always`:
+    launcher.evaluate's, whether or not the run validates). eval.harness.tasks are scored in the same pass."""
 
-    def __init__(self, cfg: Any, strategy: Any, device: torch.device) -> None:
-        active = enabled(cfg) or jobs_enabled(cfg)
+    def __init__(self, cfg: Any, strategy: Any, device: torch.device, always: bool = False) -> None:
+        active = always or enabled(cfg) or jobs_enabled(cfg)
         self.every = int(eval_section(cfg).every) if enabled(cfg) else 0
         self.at_start = bool(eval_section(cfg).at_start) if active else False
         self.max_steps = int(cfg.trainer.max_steps)
@@ -95,6 +98,7 @@ class Validator:
                   for first in range(0, len(self.micro_batches), per_batch)]
         self.set_batches = SetBatches(self.sets, groups, pin=device is not None and device.type == "cuda")
         self.first_pass = True
+        self.harness: Harness | None = Harness(cfg, strategy, device) if active and harness_tasks(cfg) else None
 
     def due(self, step: int) -> bool:
         if step == 0:
@@ -137,6 +141,8 @@ class Validator:
             loss = float(sums[2 * k] / sums[2 * k + 1].clamp(min=1))
             out[f"val/{name}/loss"] = loss
             out[f"val/{name}/ppl"] = math.exp(min(loss, 700.0))
+        if self.harness is not None:
+            out.update(self.harness.run(model))
         return out
 
     def _warn_repeats(self) -> None:

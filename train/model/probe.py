@@ -40,7 +40,8 @@ def facts(model: Any, model_cfg: Any, seq_len: int, strategy_cfg: Any) -> dict[s
     blocks = blocks_for(model, model_cfg, strategy_cfg)
     in_blocks = {id(p) for _, b in blocks for p in b.parameters()}
     root = {id(p): p for p in model.parameters() if id(p) not in in_blocks}
-    sizes = [p.numel() for p in {id(p): p for p in model.parameters()}.values()]
+    unique = {id(p): p for p in model.parameters()}.values()
+    sizes = [p.numel() for p in unique]
     fpt, source = flops_per_token(model, model_cfg, seq_len)
     return {
         "n_params": count_parameters(model),
@@ -53,12 +54,15 @@ def facts(model: Any, model_cfg: Any, seq_len: int, strategy_cfg: Any) -> dict[s
         "flops_per_token": fpt,
         "flops_source": source,
         "embedding_rows": embedding_rows(model),
+        # What the optimizer state is sized by: each trainable parameter's shape, and whether Muon steps it (a 2-D
+        # weight of a block).
+        "param_shapes": [[list(p.shape), id(p) in in_blocks and p.dim() == 2] for p in unique if p.requires_grad],
     }
 
 
-def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> Any:
+def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> tuple[Any, int]:
     """A user's dataset: its first sample has the configured length and token ids the model can embed. Returns the
-    sample's inputs."""
+    sample's inputs and the dataset's length (its samples: an epoch, for trainer.max_epochs)."""
     from contract.errors import ConfigError
     from train.data import build_source, split_sample
 
@@ -82,7 +86,7 @@ def check_data(data_cfg: Any, vocab_size: int, rows: int | None) -> Any:
             raise ConfigError(f"data._target_={data_cfg._target_} gives token id {high}, but the model embeds only "
                               f"{rows} ids: make the model's vocabulary larger than {high} (model.args), or fix the "
                               "data")
-    return inputs
+    return inputs, size
 
 
 def unused_parameters(model: Any, inputs: Any) -> list[str] | None:
@@ -139,7 +143,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
         assert answer is not None
         rows = answer["embedding_rows"]
         vocab = int(model_cfg.vocab_size)
-        inputs = check_data(data_cfg, vocab, rows) if data_cfg.get("_target_") else None
+        inputs, samples = check_data(data_cfg, vocab, rows) if data_cfg.get("_target_") else (None, None)
         if rows is not None and rows < vocab and not data_cfg.get("_target_") and not is_ours(model_cfg):
             raise ConfigError(f"model._target_={model_cfg._target_} embeds {rows} token ids, but the data draws ids "
                               f"below model.vocab_size={vocab}: set model.vocab_size={rows} (or build the model "
@@ -151,7 +155,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
         fit = {} if model is None else init_from_fit(model, model_cfg)  # model.init_from's weights, while it is here
     except ConfigError as err:
         return {"error": str(err), "kind": "config"}
-    return {"facts": answer, "note": built.note, **fit}
+    return {"facts": answer, "note": built.note, "data_samples": samples, **fit}
 
 
 def main() -> int:

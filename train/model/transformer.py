@@ -24,14 +24,58 @@ class RMSNorm(nn.Module):
         return out.type_as(x) * self.weight
 
 
-def make_norm(kind: str, dim: int) -> nn.Module:
-    return RMSNorm(dim) if kind == "rmsnorm" else nn.LayerNorm(dim)
+def make_norm(cfg: Any) -> nn.Module:
+    # A config.yaml written before model.norm_eps existed (launcher.sample and export read it as saved) had 1e-5.
+    eps = float(getattr(cfg, "norm_eps", 1e-5))
+    return RMSNorm(cfg.d_model, eps) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model, eps=eps)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
+
+
+class KVCache:
+    """Generation's key/value cache (train/model/sample.py): each layer's keys and values of the positions seen so far,
+    in buffers of `max_len` positions allocated at a layer's first call, so a new token attends to them without
+    recomputing them. `length`: positions held; the model advances it once a forward has passed every layer."""
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len, self.length = max_len, 0
+        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def layer(self, index: int) -> LayerCache:
+        return LayerCache(self, index)
+
+    def check_room(self, new: int) -> None:
+        if self.length + new > self.max_len:
+            raise ValueError(f"the key/value cache holds {self.max_len} positions and {self.length + new} were asked "
+                             "for")
+
+    def update(self, index: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' keys and values ([batch, heads, new, head_dim]); all of the layer's so far."""
+        end = self.length + k.shape[2]
+        if index not in self.layers:
+            shape = (k.shape[0], k.shape[1], self.max_len, k.shape[3])
+            self.layers[index] = (k.new_zeros(shape), v.new_zeros(shape))
+        keys, values = self.layers[index]
+        keys[:, :, self.length:end], values[:, :, self.length:end] = k, v
+        return keys[:, :, :end], values[:, :, :end]
+
+
+class LayerCache:
+    """One layer's view of a KVCache, handed to its attention."""
+
+    def __init__(self, cache: KVCache, index: int) -> None:
+        self.cache, self.index = cache, index
+
+    @property
+    def start(self) -> int:
+        return self.cache.length
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cache.update(self.index, k, v)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -57,18 +101,28 @@ class Attention(nn.Module):
         self.out = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """`rope`: the tables from this call's first position on. `cache` (generation): the new positions attend to
+        the cached ones too, and their keys and values join the cache."""
         b, t, _ = x.shape
         q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        mask, causal = None, True
+        if cache is not None:
+            start = cache.start
+            k, v = cache.update(k, v)
+            if start and t > 1:  # new positions after cached ones: each sees the cache and the new ones up to itself
+                mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
+            causal = not start
         if k.shape[1] != q.shape[1]:
             repeat = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=self.dropout if self.training else 0.0
         )
         return self.out(y.transpose(1, 2).reshape(b, t, -1))
 
@@ -91,13 +145,15 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: Any) -> None:
         super().__init__()
-        self.attn_norm = make_norm(cfg.norm, cfg.d_model)
+        self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg)
-        self.mlp_norm = make_norm(cfg.norm, cfg.d_model)
+        self.mlp_norm = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        # Training calls attention with (x, rope) only: tensor parallelism's input plan lists those two.
+        x = x + (self.attn(self.attn_norm(x), rope) if cache is None else self.attn(self.attn_norm(x), rope, cache))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -116,7 +172,7 @@ class Transformer(nn.Module):
         self.embed: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
-        self.final_norm: nn.Module | None = make_norm(cfg.norm, cfg.d_model)
+        self.final_norm: nn.Module | None = make_norm(cfg)
         self.lm_head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -148,16 +204,24 @@ class Transformer(nn.Module):
             self.final_norm = None
             self.lm_head = None
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (a later pipeline stage's input and output: hidden states). With a `cache` (generation, one
+        process): `tokens` are the positions after the cached ones, and their keys and values join it."""
+        start = 0
+        if cache is not None:
+            cache.check_room(tokens.shape[1])
+            start = cache.length
         if self.embed is not None:
             x = self.embed(tokens)
             if self.pos_embed is not None:
-                x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+                x = x + self.pos_embed(torch.arange(start, start + tokens.shape[1], device=tokens.device))
         else:
             x = tokens  # a later pipeline stage: the previous stage's hidden state
-        rope = (self.rope_cos, self.rope_sin) if self.cfg.position == "rope" else None
-        for block in self.blocks.values():
-            x = block(x, rope)
+        rope = (self.rope_cos[start:], self.rope_sin[start:]) if self.cfg.position == "rope" else None
+        for index, block in enumerate(self.blocks.values()):
+            x = block(x, rope) if cache is None else block(x, rope, cache.layer(index))
+        if cache is not None:
+            cache.length += tokens.shape[1]
         if self.lm_head is None:
             return x
         assert self.final_norm is not None

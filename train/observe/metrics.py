@@ -1,4 +1,5 @@
-"""Rank-tagged logging, metrics.jsonl, wandb and the rank-0 progress bar."""
+"""Rank-tagged logging, metrics.jsonl, wandb, TensorBoard (train/observe/tensorboard_log.py) and the rank-0
+progress bar."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contract.rules.log_backends import backends
 from contract.rundir import env_faults, metrics_file
 from train.distributed import DistEnv
 
@@ -44,6 +46,7 @@ class MetricsLogger:
         self.max_steps = max_steps
         self.path = run_dir / metrics_file.FILE_NAME
         self.wandb_run: Any = None
+        self.tensorboard: Any = None
         self.progress: Any = None
         self._last_time = time.perf_counter()
         self._last_tokens = 0
@@ -55,8 +58,13 @@ class MetricsLogger:
             return
         # Also at step 0: an attempt that died before its first checkpoint left rows that are redone now.
         self._drop_rows_after(step)
-        if self.cfg.logger.backend == "wandb":
+        chosen = backends(self.cfg.logger.backend)
+        if "wandb" in chosen:
             self.wandb_run = _init_wandb(self.cfg, self.run_dir, wandb_id, config)
+        if "tensorboard" in chosen:
+            from train.observe.tensorboard_log import TensorBoardLog
+
+            self.tensorboard = TensorBoardLog(self.run_dir, step)
         if self.cfg.trainer.progress_bar and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -78,6 +86,8 @@ class MetricsLogger:
         self._last_time, self._last_tokens = time.perf_counter(), tokens
         if self.enabled:
             self._drop_rows_after(step)
+            if self.tensorboard is not None:
+                self.tensorboard.restart(step)
 
     def _drop_rows_after(self, step: int) -> None:
         """On resume, rows past the checkpoint were logged by an attempt whose later steps are redone."""
@@ -122,6 +132,8 @@ class MetricsLogger:
             f.write(metrics_file.encode_row(row) + "\n")  # strict JSON: a non-finite value is written as text
         if self.wandb_run is not None:
             self.wandb_run.log(wandb_values(row), step=step)
+        if self.tensorboard is not None:
+            self.tensorboard.log(row)
         if self.progress is None and "loss" in row:  # a validation row of its own has no training loss
             log.info(
                 "step %d/%d loss %.4f lr %.3g tok/s %.0f%s",
@@ -144,6 +156,52 @@ class MetricsLogger:
             self._reroute_stream_handlers(sys.stderr)
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+class IntervalLoss:
+    """metrics.jsonl's `loss_avg`: the mean of the step losses since the previous logged row, summed on the device
+    (no host sync per step) and, at a log step, averaged over the ranks in the one all-reduce that averages the
+    step's own `loss`. Less noisy than the step's single batch: a sweep ranks points by it when they have no
+    validation loss (launcher/observe/ranking.py). A checkpoint carries the interval so far (TrainState.loss_sum,
+    loss_steps: `carry` before a save), and a run resumed from it, or rolled back to it, starts from there."""
+
+    def __init__(self, carried_sum: float = 0.0, carried_steps: int = 0) -> None:
+        self.total: Any = None
+        self.carried, self.steps = carried_sum, carried_steps
+
+    def add(self, loss: Any) -> None:
+        loss = loss.detach()
+        if self.total is None:
+            self.total = loss + self.carried if self.steps else loss
+        else:
+            self.total = self.total + loss
+        self.steps += 1
+
+    def reset(self) -> None:
+        self.total, self.carried, self.steps = None, 0.0, 0
+
+    def take(self, loss: Any) -> tuple[float, float]:
+        """The step's loss and the interval's mean, each averaged over the ranks; the next interval starts."""
+        import torch
+
+        from train.distributed import all_reduce_mean
+
+        mean = loss.detach() if self.total is None else self.total / self.steps
+        both = all_reduce_mean(torch.stack([loss.detach().float(), mean.float()]))
+        self.reset()
+        return float(both[0]), float(both[1])
+
+    def carry(self, state: Any) -> None:
+        """Into `state` (a TrainState), before a save: the interval so far, averaged over the ranks (an all-reduce
+        when a step was added since the last row or the resume: every rank saves at the same step)."""
+        if self.total is None:
+            state.loss_sum, state.loss_steps = self.carried, self.steps
+            return
+        from train.distributed import all_reduce_mean
+
+        state.loss_sum, state.loss_steps = float(all_reduce_mean(self.total.float())), self.steps
 
 
 def telemetry_text(row: dict[str, Any]) -> str:

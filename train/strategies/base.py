@@ -114,7 +114,8 @@ class Strategy:
     def _build_optimizer(self, model: nn.Module) -> None:
         # fp16: GradScaler steps the optimizer and skips overflowing steps itself; torch's fused AdamW can't take its
         # found_inf (shape [1] against the step counts' []), so foreach kernels, as before the stability checks.
-        self.optimizer = build_optimizer(model, self.cfg.optim, fused=self.compute_dtype != torch.float16)
+        self.optimizer = build_optimizer(model, self.cfg.optim, fused=self.compute_dtype != torch.float16,
+                                         blocks=self.blocks)
         init_optimizer_state(self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         if self.compute_dtype == torch.float16:

@@ -2,8 +2,9 @@
 
 The DeepSpeed config is generated from ours (`deepspeed_config`), never written by hand, so batch sizes,
 clipping, precision and the ZeRO stage cannot disagree with the trainer. The optimizer and the learning-rate
-schedule are ours too: torch AdamW over train.optim's parameter groups (DeepSpeedCPUAdam, the same decoupled
-AdamW update in C++, when the optimizer state is offloaded: DeepSpeed requires it there) and train.optim's
+schedule are ours too: train.optim's optimizer over its parameter groups (optim=adamw, sgd or lion, whose update is
+elementwise and so the same on DeepSpeed's flat partitions; DeepSpeedCPUAdam, the same decoupled AdamW update in C++,
+when the optimizer state is offloaded: DeepSpeed requires it there; contract/rules/optimizers.py refuses the rest) and train.optim's
 LambdaLR on the optimizer DeepSpeed steps. DeepSpeed gets no optimizer or scheduler section.
 
 Precision is DeepSpeed's own: with bf16/fp16 the engine holds the module in that dtype and keeps fp32 master
@@ -27,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from contract.errors import ConfigError
+from contract.rules.optimizers import strategy_refusal
 from train.model.blocks import prepare_blocks
 from train.optim import build_optimizer, build_scheduler, param_groups, peak_lr
 from train.strategies.base import Strategy
@@ -75,6 +78,9 @@ def deepspeed_config(cfg: Any, world_size: int, pin_memory: bool = False) -> dic
         "bf16": {"enabled": dtype == "bfloat16"},
         "fp16": {"enabled": dtype == "float16", **(FP16_LOSS_SCALE if dtype == "float16" else {})},
         "wall_clock_breakdown": False,
+        # optim=sgd or lion: ZeRO steps them as it steps AdamW (elementwise updates on its partitions), though it
+        # lists only its own optimizers as tested (contract/rules/optimizers.py refuses the others).
+        **({"zero_allow_untested_optimizer": True} if cfg.optim.get("name", "adamw") != "adamw" else {}),
     }
 
 
@@ -163,13 +169,16 @@ class DeepSpeedStrategy(Strategy):
 
     def _client_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         o = self.cfg.optim
+        refusal = strategy_refusal(o.name, self.cfg.strategy)
+        if refusal:  # the launch refused it already; a config.yaml edited by hand gets it here
+            raise ConfigError(refusal)
         if not self.cfg.strategy.offload_optimizer:
             return build_optimizer(model, o, fused=False)  # the wrapper steps it; it can't skip a step
         # ZeRO-Offload refuses other optimizers (zero_force_ds_cpu_optimizer). Its C++ op is built with ninja
         # on first use (about a minute) and cached in ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR).
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        return DeepSpeedCPUAdam(param_groups(model, o.weight_decay), lr=peak_lr(o), betas=(o.beta1, o.beta2), eps=o.eps,
+        return DeepSpeedCPUAdam(param_groups(model, o), lr=peak_lr(o), betas=(o.beta1, o.beta2), eps=o.eps,
                                 weight_decay=o.weight_decay, adamw_mode=True)
 
     def _check_precision(self) -> None:

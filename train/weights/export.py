@@ -1,9 +1,11 @@
 """Consolidate a checkpoint (any world size, any strategy) into one set of full weights, on CPU, without a process
-group: a safetensors file, or a Hugging Face directory that `from_pretrained` loads. Run by launcher/export.py.
+group, and write them as a safetensors file. Run by launcher/export.py; the Hugging Face directory is
+train/weights/hf_export.py's.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -107,15 +109,10 @@ def save_safetensors(state: dict[str, torch.Tensor], out: Path, metadata: dict[s
     save_file(tensors, str(out), metadata={**aliases, **metadata})
 
 
-def save_hf(state: dict[str, torch.Tensor], config_path: str, out: Path) -> None:
-    """A directory `AutoModelForCausalLM.from_pretrained(out)` loads: the config and the weights."""
-    from train.model.hf import causal_lm
-
-    model = causal_lm(config_path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # Tied output weights may be saved under one name only; anything else missing is an error.
-    tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"the checkpoint does not match the config: missing {sorted(set(missing) - tied)[:5]}, "
-                         f"unexpected {sorted(unexpected)[:5]}")
-    model.save_pretrained(str(out), safe_serialization=True)  # type: ignore[operator]
+def follow_umask(path: Path) -> None:
+    """Give what an export wrote the mode that open() and mkdir() give under the user's umask, as every other file
+    of a run has: safetensors writes its files 0600 (through a temporary file), whatever the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for written in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        written.chmod((0o777 if written.is_dir() else 0o666) & ~mask)

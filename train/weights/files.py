@@ -1,4 +1,5 @@
-"""The shapes of the weights a model loads, read from the files its `model.args` name, without loading them.
+"""The shapes of the weights a model loads, read from the files its `model.args` name, without loading them; and
+the tensors of weight files read one at a time (tensor_reader: model.init_from's loading).
 
 For the launch probe of a model too large to build on the login node: a safetensors file's header lists every
 tensor's shape; a torch file (.bin, .pt, .pth) is unpickled onto the meta device (no data read). A directory
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,28 @@ def shape_facts(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
         "flops_source": "6 x parameters",
         "embedding_rows": None,
     }
+
+
+def tensor_reader(files: tuple[Path, ...]) -> Callable[[str], Any]:
+    """A saved tensor by its name, from whichever file holds it (each opened once: safetensors as a memory map,
+    read one tensor at a time)."""
+    holder: dict[str, Any] = {}
+    for file in files:
+        opened = _open(file)
+        holder.update(dict.fromkeys(opened.keys(), opened))
+
+    def read(key: str) -> Any:
+        opened = holder[key]
+        return opened[key] if isinstance(opened, dict) else opened.get_tensor(key)
+
+    return read
+
+
+def _open(file: Path) -> Any:
+    if file.suffix == SAFETENSORS:
+        from safetensors import safe_open
+
+        return safe_open(str(file), framework="pt", device="cpu")  # a memory map: one tensor at a time
+    import torch
+
+    return torch.load(file, map_location="cpu", weights_only=True, mmap=True)

@@ -1,6 +1,6 @@
 """Do model.init_from's weights fit the model: the shapes found in the files (DCP, DeepSpeed, safetensors,
-torch files; Hugging Face names converted as from_pretrained does) against the model's, each tensor's
-source, and the first difference named with its fix.
+torch files; Hugging Face names converted as from_pretrained does, or a Llama / GPT-2 directory's into
+slurmtrain's transformer) against the model's, each tensor's source, and the first difference named with its fix.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from contract.errors import ConfigError
-from contract.rules.init_source import KEY, MODEL_DIR, InitSource
+from contract.rules.init_source import KEY, MODEL_DIR, InitSource, hf_config_json
 from train.weights.export import MODEL_PREFIX, clean_key, tie_groups
-from train.weights.files import tensor_shapes
-from train.weights.hf_conversion import Conversion, ConversionFailed
+from train.weights.files import tensor_reader, tensor_shapes
+from train.weights.hf_conversion import Conversion, ConversionFailed, NativeConversion
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -59,7 +59,7 @@ class Found:
     (itself, but for a Hugging Face checkpoint converted as from_pretrained converts it: train/weights/hf_conversion.py)."""
     shapes: Shapes
     saved: dict[str, tuple[str, ...]]
-    conversion: Conversion | None = None  # weight files: how their saved tensors become the model's
+    conversion: Conversion | NativeConversion | None = None  # weight files: how saved tensors become the model's
 
     def count(self, names: Iterable[str | None]) -> int:
         """How many saved tensors these names are read from."""
@@ -87,12 +87,25 @@ def found_in(src: InitSource, model: nn.Module) -> Found:
     if src.kind == "deepspeed":
         return _as_found(_deepspeed_shapes(src.path))
     saved = _file_shapes(src)
-    conversion = Conversion(model, saved)
+    config_json = hf_config_json(src)
+    conversion: Conversion | NativeConversion
+    if config_json is not None and _native(model):
+        conversion = NativeConversion(model.cfg, saved, config_json, src.named())
+        conversion.refuse_nonzero(tensor_reader(src.files), src.named())
+    else:
+        conversion = Conversion(model, saved)
     shapes: Shapes = {}
     origins: dict[str, tuple[str, ...]] = {}
     for name, tensor, keys in conversion.tensors(lambda key: torch.empty(saved[key], device="meta")):
         shapes[name], origins[name] = tuple(tensor.shape), keys
     return Found(shapes, origins, conversion)
+
+
+def _native(model: nn.Module) -> bool:
+    """slurmtrain's own transformer (which takes a Llama or GPT-2 directory through its family's adapter)."""
+    from train.model.transformer import Transformer
+
+    return isinstance(model, Transformer)
 
 
 # -- do they fit the model -------------------------------------------------------------------------------------
@@ -167,9 +180,26 @@ def fix_for(src: InitSource, model_cfg: Any) -> str:
                     "weights of this model")
     folder = src.path if src.path.is_dir() else src.path.parent
     config = folder / "config.json"
+    native = _native_differences(config, model_cfg)
+    if native:
+        return f"its config.json describes {' '.join(native)}: set the same"
     if config.is_file() and model_cfg is not None and model_cfg.get("config_path") != str(config):
         return f"build the model they were saved with: model=hf_causal_lm model.config_path={folder}"
     return f"build the model these weights were saved from, or point {KEY} at weights of this model"
+
+
+def _native_differences(config: Path, model_cfg: Any) -> list[str]:
+    """model.* values a Llama / GPT-2 config.json gives slurmtrain's transformer that this config sets otherwise
+    (the first four); [] for any other config or model."""
+    from contract.rules.hf_native import native_model_keys
+
+    if model_cfg is None or model_cfg.get("_target_") or not config.is_file():
+        return []
+    try:
+        keys = native_model_keys(json.loads(config.read_text()), str(config.parent))
+    except (ConfigError, OSError, ValueError):
+        return []
+    return [f"model.{k}={v}" for k, v in keys.items() if v is not None and model_cfg.get(k) != v][:4]
 
 
 def _checked(model: nn.Module, src: InitSource, model_cfg: Any) -> tuple[Found, dict[str, str | None]]:

@@ -10,17 +10,27 @@ own, and follow `convert_and_load_state_dict_in_model`'s steps; the launch check
 files' headers as meta tensors) and the ranks' loading go through the same `Conversion`, so they see one set of
 names. A model that is not a transformers model, or a transformers without a conversion mapping (4.x, which saves a
 causal LM under its modules' names), reads every tensor under its saved name.
+
+slurmtrain's own transformer takes a Llama or GPT-2 `save_pretrained` directory through its family's adapter in the
+inverse direction (NativeConversion: train/weights/hf_adapters.py), the directory's config.json checked first: an
+architecture or option ours does not compute is refused pointing at model=hf_causal_lm, and a value the weights'
+shapes would not reveal (RoPE's theta, the norms' epsilon, tied or not) must be the model's.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from copy import deepcopy
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from contract.errors import ConfigError
 
 Read = Callable[[str], torch.Tensor]  # a tensor of the files, by its saved name
 
@@ -99,3 +109,59 @@ class Conversion:
 
 class ConversionFailed(ValueError):
     """A converter refused the saved tensors (their number or shapes are not what the architecture saves)."""
+
+
+# Model keys a Hugging Face config.json sets that the weights' shapes do not show (theirs are the fit check's).
+UNSEEN = ("position", "mlp", "norm", "n_heads", "n_kv_heads", "rope_theta", "norm_eps", "tie_embeddings")
+
+
+def _ours(model_cfg: Any, key: str) -> Any:
+    value = model_cfg.get(key) if hasattr(model_cfg, "get") else getattr(model_cfg, key, None)
+    if key == "n_kv_heads":
+        return value or _ours(model_cfg, "n_heads")
+    return 1e-5 if key == "norm_eps" and value is None else value
+
+
+def disagreement(model_cfg: Any, keys: Mapping[str, Any]) -> str | None:
+    """The first value of a config.json (as model keys) that the model sets otherwise, unseen in the shapes."""
+    for key in (k for k in UNSEEN if k in keys):
+        theirs = _ours(keys, key)
+        ours = _ours(model_cfg, key)
+        if ours != theirs and not (isinstance(ours, float) and abs(ours - theirs) <= 1e-9 * abs(theirs)):
+            return f"its config.json has {key}={theirs} and the model model.{key}={ours}: set model.{key}={theirs}"
+    return None
+
+
+class NativeConversion:
+    """A Llama or GPT-2 checkpoint's tensors under our transformer's names: the same interface as Conversion."""
+
+    def __init__(self, model_cfg: Any, saved: Iterable[str], config_json: Path, named: str) -> None:
+        from contract.rules.hf_native import native_model_keys
+        from train.weights.hf_adapters import adapter, with_prefix
+
+        config = json.loads(config_json.read_text())
+        self.keys = native_model_keys(config, str(config_json.parent))
+        problem = disagreement(model_cfg, self.keys)
+        if problem:
+            raise ConfigError(f"{named} does not fit the model: {problem}")
+        self.adapter = adapter(self.keys)
+        ignored = [re.compile(p) for p in self.adapter.ignored]
+        self.folder = config_json.parent
+        self.names = {with_prefix(self.adapter, k): k for k in saved if not any(p.search(k) for p in ignored)}
+        self.sources = self.adapter.from_hf(self.names)
+        self.zero = self.adapter.zero(self.names)
+
+    def tensors(self, read: Read, wanted: Callable[[str], bool] = lambda name: True
+                ) -> Iterator[tuple[str, torch.Tensor, tuple[str, ...]]]:
+        for name, source in self.sources.items():
+            if wanted(name):
+                keys = tuple(self.names[k] for k in source.saved)
+                yield name, source.make([read(k) for k in keys]), keys
+
+    def refuse_nonzero(self, read: Read, named: str) -> None:
+        """Saved tensors our model has no place for (GPT-2's biases) load only when they are all zero."""
+        for key in self.zero:
+            if bool(read(self.names[key]).any()):
+                raise ConfigError(f"{named} holds {self.names[key]}, a bias that is not zero, which slurmtrain's "
+                                  "transformer (Linear layers without biases) does not compute: train it as it is "
+                                  f"with model=hf_causal_lm model.config_path={self.folder}")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from contract.errors import ConfigError
 from contract.rules.init_source import KEY, MODEL_DIR, InitSource, resolve
 from contract.rundir import ckpt_layout as layout
 from train.weights.export import clean_key
-from train.weights.files import SAFETENSORS
+from train.weights.files import tensor_reader
 from train.weights.fit import _checked, _model_states_shapes, check_fit, dcp_keys
 
 
@@ -59,7 +58,7 @@ def load_into(model: nn.Module, src: InitSource, model_cfg: Any = None, master: 
         _copy(module if module is not None else load_deepspeed_model(src.path), by_source)
     else:
         assert found.conversion is not None
-        for name, tensor, _ in found.conversion.tensors(_reader(src.files), wanted=by_source.__contains__):
+        for name, tensor, _ in found.conversion.tensors(tensor_reader(src.files), wanted=by_source.__contains__):
             for target in by_source[name]:
                 target.copy_(tensor)
     return found.count(plan.values())
@@ -83,29 +82,6 @@ def _copy(tensors: dict[str, torch.Tensor], by_source: dict[str, list[torch.Tens
     for key, tensor in tensors.items():
         for target in by_source.get(key, []):
             target.copy_(tensor)
-
-
-def _reader(files: tuple[Path, ...]) -> Callable[[str], torch.Tensor]:
-    """A saved tensor by its name, from whichever file holds it (each opened once: safetensors as a memory map,
-    read one tensor at a time)."""
-    holder: dict[str, Any] = {}
-    for file in files:
-        opened = _open(file)
-        holder.update(dict.fromkeys(opened.keys(), opened))
-
-    def read(key: str) -> torch.Tensor:
-        opened = holder[key]
-        return opened[key] if isinstance(opened, dict) else opened.get_tensor(key)
-
-    return read
-
-
-def _open(file: Path) -> Any:
-    if file.suffix == SAFETENSORS:
-        from safetensors import safe_open
-
-        return safe_open(str(file), framework="pt", device="cpu")  # a memory map: one tensor at a time
-    return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
 
 
 def _load_dcp(step_dir: Path, by_source: dict[str, list[torch.Tensor]]) -> None:

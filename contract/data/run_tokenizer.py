@@ -1,6 +1,7 @@
 """The tokenizer a run trained with, found from its config: a prepared dataset's manifest names it (`bytes`, or a
 tokenizer.json by path and sha256). A mixture's sources share one (checked at launch). The synthetic stream, flat
-token files and a user's dataset name none. No torch: the launcher encodes prompts and decodes samples with it.
+token files and a user's dataset name none. No torch: the launcher encodes prompts and decodes samples with it, and
+the ranks encode lm-evaluation-harness requests with it (train/evaluation/harness_lm.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from contract.data.manifest import is_prepared_dir, load_manifest
 from contract.errors import ConfigError
-from launcher.prepare.tokenizer import BYTES
+
+BYTES = "bytes"  # the manifest's name of the byte tokenizer (launcher/prepare/tokenizer.py writes it)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""What a run measured, any metric by name, and the checkpoint that measured best. Torch-free: retention on the ranks
+(checkpoint.keep_best), an evaluation job, launcher.status, `--best` and a sweep's ranking read the same answer.
+
+A metric's values come from every place measurements are written (validation_log.SOURCES: metrics.jsonl's rows, then
+the evaluation jobs' eval/step_N.json), one value per step, the later source winning, as validation_log reads the
+validation losses. Nothing is kept beside them: the best checkpoint is recomputed from the run directory, so it
+survives a resume, a requeue and evaluation results that arrive after the checkpoint was written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contract.rules.metric_order import Ranking
+from contract.rundir import ckpt_layout as layout
+from contract.rundir.validation_log import PREFIX, SOURCES, set_name
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def values(run_dir: Path, metric: str) -> dict[int, float]:
+    """{step: value} of `metric` over the run (nan and inf kept: a diverged measurement)."""
+    by_step: dict[int, float] = {}
+    for read in SOURCES.values():
+        for row in read(run_dir):
+            value = _number(row.get(metric))
+            if value is not None:
+                by_step[row["step"]] = value
+    return dict(sorted(by_step.items()))
+
+
+def first_validation_loss(run_dir: Path) -> str | None:
+    """`val/NAME/loss` of the run's first validation set (the order its rows hold them in: eval.sets'), if it has
+    measured one."""
+    for read in SOURCES.values():
+        for row in read(run_dir):
+            for key in row:
+                if key.startswith(PREFIX) and set_name(key) is not None:
+                    return str(key)
+    return None
+
+
+@dataclass(frozen=True)
+class Best:
+    """The complete checkpoint whose step measured best, among `measured` complete checkpoints with a value."""
+
+    checkpoint: layout.CheckpointDir
+    value: float
+    ranking: Ranking
+    measured: int
+
+    def describe(self) -> str:
+        return (f"step {self.checkpoint.step}, {self.ranking.metric} {self.value:.4f} ({self.ranking.direction}; "
+                f"the best of {self.measured} measured checkpoint{'s' if self.measured != 1 else ''})")
+
+
+def best_checkpoint(run_dir: Path, ranking: Ranking) -> Best | None:
+    """The complete checkpoint whose step has the best finite value of the metric (a tie: the earliest); None when
+    no complete checkpoint's step was measured."""
+    measured = values(run_dir, ranking.metric)
+    complete = {c.step: c for c in layout.list_checkpoints(run_dir) if c.complete and c.step in measured}
+    step = ranking.best({s: measured[s] for s in complete})
+    if step is None:
+        return None
+    return Best(complete[step], measured[step], ranking, len(complete))
+
+
+def kept_for_best(run_dir: Path, ranking: Ranking | None) -> set[int]:
+    """Retention's question for checkpoint.keep_best: the step it keeps (none without a ranking or a measurement)."""
+    best = None if ranking is None else best_checkpoint(run_dir, ranking)
+    return set() if best is None else {best.checkpoint.step}
