@@ -28,6 +28,7 @@ from contract.rules.init_source import KEY, WHAT_IT_TAKES, hf_config_json, resol
 from contract.rules.model_shape import OLD_DEFAULTS, SHAPE_KEYS, describe, effective, matters
 from contract.rundir import ckpt_layout as layout
 from launcher.checks.overrides import typed_exactly, typed_for
+from launcher.plan.init_from import refuse_inside_overwritten
 
 # A model built by `_target_`: what builds it, taken together from a run that trained one.
 BUILD_KEYS = ("_target_", "args", "config_path", "block", "vocab_size", "max_seq_len")
@@ -175,6 +176,8 @@ def settle_shape(cfg: DictConfig) -> tuple[str, ...]:
     `shape:` line (none without model.init_from)."""
     if not cfg.model.get("init_from"):
         return ()
+    if cfg.run.get("name"):  # a source the overwrite clears is refused as such, before it is read
+        refuse_inside_overwritten(cfg, Path(str(cfg.run.root)).expanduser().resolve() / str(cfg.run.name))
     source = source_of(cfg)
     if source is None:
         return (f"shape: model={cfg.model.name} as composed ({cfg.model.init_from} carries no config of its shape; "

@@ -38,6 +38,10 @@ def test_each_point_gets_the_verdict_of_its_own_values(tmp_path: Path, swept: tu
     assert not root.exists()
 
 
+def _steady(summary: str) -> str:
+    return re.sub(r"of [0-9.]+ GB \(this host's available memory", "of N GB (this host's available memory", summary)
+
+
 def test_each_point_gets_the_plan_of_its_own_values(tmp_path: Path) -> None:
     """Points that differ in a checked key (the micro batch, which sizes the batch, the memory estimate and the run
     name) each print the plan its own single-run command makes."""
@@ -51,7 +55,8 @@ def test_each_point_gets_the_plan_of_its_own_values(tmp_path: Path) -> None:
     summaries = set()
     for _, label, summary in printed:
         _, plan = compose_and_plan([label, *fixed])
-        assert summary.strip() == plan.summary(), label
+        # This host's available memory moves between the two moments the plans are made: compared without it.
+        assert _steady(summary.strip()) == _steady(plan.summary()), label
         summaries.add(summary)
     assert len(summaries) == 3
 

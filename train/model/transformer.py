@@ -217,7 +217,7 @@ class Transformer(nn.Module):
                 x = x + self.pos_embed(torch.arange(start, start + tokens.shape[1], device=tokens.device))
         else:
             x = tokens  # a later pipeline stage: the previous stage's hidden state
-        rope = (self.rope_cos[start:], self.rope_sin[start:]) if self.cfg.position == "rope" else None
+        rope = (self.rope_cos[start:], self.rope_sin[start:]) if self.cfg.position == "rope" else None  # type: ignore[index]
         for index, block in enumerate(self.blocks.values()):
             x = block(x, rope) if cache is None else block(x, rope, cache.layer(index))
         if cache is not None:

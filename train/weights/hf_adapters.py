@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -65,13 +66,18 @@ def _layer(name: str) -> tuple[str, str | None]:
     return f"{found.group(1)}.{{}}.{found.group(3)}", found.group(2)
 
 
+def _qkv_part(t: Tensor, part: int) -> Tensor:
+    """GPT-2's c_attn (a Conv1D, stored transposed): its q, k or v block as one of our Linear weights."""
+    return t.t().chunk(3)[part]
+
+
 def _one(make: Callable[[Tensor], Tensor] = lambda t: t) -> Make:
     return lambda tensors: make(tensors[0])
 
 
 class LlamaAdapter:
     family, prefix = "llama", "model."
-    ignored = (r"rotary_emb\.inv_freq$",)
+    ignored: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
     NAMES = {"embed.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight",
              "lm_head.weight": "lm_head.weight",
              "blocks.{}.attn_norm.weight": "model.layers.{}.input_layernorm.weight",
@@ -105,7 +111,7 @@ class LlamaAdapter:
                 out[key] = Source((key,), _one())
                 continue
             heads = self.heads.get(ours)
-            make = _one() if heads is None else _one(lambda t, h=heads: to_interleaved(t, h))
+            make = _one() if heads is None else _one(partial(to_interleaved, heads=heads))
             out[ours.format(layer)] = Source((key,), make)
         return out
 
@@ -115,7 +121,7 @@ class LlamaAdapter:
 
 class GPT2Adapter:
     family, prefix = "gpt2", "transformer."
-    ignored = (r"\.attn\.(masked_)?bias$",)  # the causal mask older versions saved
+    ignored: tuple[str, ...] = (r"\.attn\.(masked_)?bias$",)  # the causal mask older versions saved
     NAMES = {"embed.weight": "transformer.wte.weight", "pos_embed.weight": "transformer.wpe.weight",
              "final_norm.weight": "transformer.ln_f.weight", "final_norm.bias": "transformer.ln_f.bias",
              "lm_head.weight": "lm_head.weight",
@@ -158,7 +164,7 @@ class GPT2Adapter:
             pattern, layer = _layer(key)
             if pattern == self.C_ATTN:
                 for i, ours in enumerate(self.QKV):  # c_attn's columns: q, then k, then v (as many heads each)
-                    out[ours.format(layer)] = Source((key,), _one(lambda t, i=i: t.t().chunk(3)[i]))
+                    out[ours.format(layer)] = Source((key,), _one(partial(_qkv_part, part=i)))
             elif pattern in self.back:
                 conv = pattern in self.CONV1D
                 out[self.back[pattern].format(layer)] = Source((key,), _one(torch.t if conv else lambda t: t))

@@ -58,7 +58,8 @@ def prompts(vocab_size: int, length: int) -> torch.Tensor:
 def load_export(directory: Path) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model, info = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, output_loading_info=True)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, output_loading_info=True)
+    model, info = loaded
     wrong = {kind: sorted(map(str, info.get(kind) or [])) for kind in ("missing_keys", "unexpected_keys",
                                                                        "mismatched_keys")}
     wrong = {kind: names for kind, names in wrong.items() if names}
