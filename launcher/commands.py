@@ -12,7 +12,7 @@ import importlib
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("launcher.prepare", "turn a corpus (text, JSON Lines, Parquet) into token shards, locally or as a SLURM array"),
     ("launcher.status", "one row per run of a run, a sweep or a run root: step, loss, state, GPU-hours"),
-    ("launcher.report", "PNG plots of a run, a sweep or a run root (loss, throughput, MFU, memory)"),
+    ("launcher.report", "PNG plots of a run, a sweep or a run root: loss, learning rate, gradient norm, tokens/s"),
     ("launcher.sample", "generate text from a run's checkpoint"),
     ("launcher.export", "a checkpoint as one safetensors file or a verified Hugging Face directory"),
     ("launcher.evaluate", "validation sets and lm-evaluation-harness tasks on a run's checkpoints"),

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from contract.config.schema import Config
-from launcher.checks.group_names import default_choices, our_options
+from launcher.checks.group_names import CONF_DIR, default_choices, our_options
 from launcher.checks.key_checks import CHOICES
 
 
@@ -119,13 +119,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _section_title(cls: type, name: str) -> str:
-    doc = inspect.getdoc(cls) or ""
-    return doc.splitlines()[0] if doc and not doc.startswith(cls.__name__) else name
+def undocumented(keys: list[KeyDoc]) -> list[str]:
+    return [key.name for key in keys if not key.doc]
 
 
 def render() -> str:
     keys = schema_keys()
+    if missing := undocumented(keys):
+        raise ValueError(f"config keys without a comment: {', '.join(missing)}: explain each in a comment on the "
+                         "line above it in contract/config/ (the reference shows it)")
     lines = [
         "# Configuration reference",
         "",
@@ -159,6 +161,4 @@ def render() -> str:
 
 
 def _groups() -> list[str]:
-    from launcher.checks.group_names import CONF_DIR
-
     return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml")))

@@ -2,11 +2,12 @@
 
     reference/config.md     every config key (launcher/docs/config_reference.py)
     reference/commands.md   every command's --help (launcher/docs/commands_reference.py)
-    showcase/*.png          launcher.report's figures of a tiny run made by the build (launcher/docs/showcase.py)
+    generated/loss.png, generated/tokens_per_s.png   launcher.report's figures of a tiny run the build makes
+                            (launcher/docs/showcase.py)
     <!-- generated: status -->   a line of its own in a page: replaced by launcher.status's table of that run
 
-A page embeds the figures as images (`![loss](showcase/loss.png)` from a page at the top of docs/); the build
-fails when the showcase run fails, or when no page embeds the status table (it would be made for nothing).
+launcher/docs/site.py names them. A page embeds the figures as images (`![loss](generated/loss.png)` from a page
+at the top of docs/); the build fails when the showcase run fails, or when no page embeds the status table.
 """
 
 from __future__ import annotations
@@ -23,22 +24,21 @@ from mkdocs.structure.pages import Page
 # MkDocs loads this file by its path: make our packages importable whatever directory `mkdocs` runs in.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from launcher.docs import commands_reference, config_reference  # noqa: E402
 from launcher.docs.showcase import Showcase, ShowcaseFailed, make_showcase  # noqa: E402
+from launcher.docs.site import PAGES, SHOWCASE_DIR, STATUS_MARKER  # noqa: E402
 
-STATUS_MARKER = "<!-- generated: status -->"
 _state: dict[str, Any] = {}
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    files.append(File.generated(config, "reference/config.md", content=config_reference.render()))
-    files.append(File.generated(config, "reference/commands.md", content=commands_reference.render()))
+    for path, render in PAGES.items():
+        files.append(File.generated(config, path, content=render()))
     try:
         showcase = make_showcase()
     except ShowcaseFailed as err:
         raise PluginError(str(err)) from err
     for name, data in showcase.pngs.items():
-        files.append(File.generated(config, f"showcase/{name}", content=data))
+        files.append(File.generated(config, f"{SHOWCASE_DIR}/{name}", content=data))
     _state.update(showcase=showcase, status_shown=False)
     return files
 

@@ -14,6 +14,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.docs.site import SHOWCASE_PNGS
+
 ROOT = Path(__file__).resolve().parents[2]
 # Small enough for a build (about 15 s on one CPU core), long enough for curves worth looking at: warmup, decay
 # and two validations.
@@ -55,8 +57,10 @@ def make_showcase() -> Showcase:
         run_dir = work / "outputs" / "tiny"
         _run(["launcher.report", str(run_dir)], work)
         status = _run(["launcher.status", "outputs"], work)
-        pngs = {p.name: p.read_bytes() for p in sorted(run_dir.glob("*.png"))}
-        if not pngs:
-            raise ShowcaseFailed(f"the site's showcase run: launcher.report wrote no PNG into {run_dir}")
+        missing = [name for name in SHOWCASE_PNGS if not (run_dir / name).is_file()]
+        if missing:
+            raise ShowcaseFailed(f"the site's showcase run: launcher.report wrote no {', '.join(missing)} into "
+                                 f"{run_dir} (launcher/docs/site.py SHOWCASE_PNGS names what the pages show)")
+        pngs = {name: (run_dir / name).read_bytes() for name in SHOWCASE_PNGS}
         lines = [line.rstrip() for line in status.replace(str(work.resolve()), SHOWN_DIR).splitlines()]
         return Showcase(pngs, "\n".join(lines).strip("\n"))
