@@ -104,3 +104,9 @@ def test_expected_lines_match_in_order() -> None:
     assert d.missing_lines(["plan: local, world size ...", "finished at step 30 (... tokens)"], out) == []
     assert d.missing_lines(["finished at step 30", "plan: local"], out) == ["plan: local"]
     assert d.missing_lines(["step ... loss 9"], out) == ["step ... loss 9"]
+
+
+def test_the_readme_tour_is_tested() -> None:
+    """The README's tour runs as written: locally and on the cluster (so the dist and slurm tiers have pages)."""
+    readme = ROOT / "README.md"
+    assert d.runnable(readme, (d.RUN,)) and d.runnable(readme, (d.SLURM,))
