@@ -68,6 +68,7 @@ class DataConfig:
     name: str = MISSING
     # Tokens per sample; defaults to the model's context length.
     seq_len: int = num("${model.max_seq_len}", 1)  # type: ignore[assignment]
+    # Seeds the data order (the shuffle of each epoch, a mixture's choice of source); defaults to trainer.seed.
     seed: int = num("${trainer.seed}", 0, SEED_MAX)  # type: ignore[assignment]
     # synthetic: probability that the next token follows the hidden transition table (the learnable part).
     signal: float = num(0.9, 0, 1)

@@ -20,6 +20,9 @@ from contract.config.schema import Config
 from launcher.checks.group_names import CONF_DIR, default_choices, our_options
 from launcher.checks.key_checks import CHOICES
 
+# Comments after a key that are for tools, not readers.
+_PRAGMAS = ("type:", "noqa", "pragma")
+
 
 @dataclass(frozen=True)
 class KeyDoc:
@@ -59,8 +62,9 @@ def _comments(cls: type) -> dict[str, str]:
         while row >= 1 and text[row - 1].strip().startswith("#"):
             above.insert(0, text[row - 1].strip().lstrip("#").strip())
             row -= 1
-        after = inline.get(stmt.lineno, "")
-        after = after.lstrip("#").strip() if not text[stmt.lineno - 1].strip().startswith("#") else ""
+        after = inline.get(stmt.lineno, "").lstrip("#").strip()
+        if after.startswith(_PRAGMAS) or text[stmt.lineno - 1].strip().startswith("#"):
+            after = ""  # a tool's pragma explains nothing
         out[stmt.target.id] = " ".join(part for part in (" ".join(above), after) if part)
     return out
 
@@ -146,7 +150,7 @@ def render() -> str:
     defaults = default_choices()
     for group in _groups():
         options = ", ".join(f"`{o}`" for o in our_options(group))
-        lines.append(f"| `{group}` | {options} | {f'`{defaults[group]}`' if group in defaults else 'none'} |")
+        lines.append(f"| `{group}` | {options} | {f'`{defaults[group]}`' if group in defaults else f'none: add one with `+{group}=NAME`'} |")
     section = ""
     for key in keys:
         top = key.name.split(".", 1)[0]
