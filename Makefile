@@ -10,15 +10,15 @@ TORCH_SPEC ?= torch==2.13.0
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-dist test-slurm test-gpu gpu-check lint bench bench-quick slurm-install slurm-up slurm-down clean
+.PHONY: help install test test-unit test-dist test-slurm test-gpu gpu-check lint docs bench bench-quick slurm-install slurm-up slurm-down clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-install: ## install slurmtrain (editable) with its dev, deepspeed, hf and eval extras
+install: ## install slurmtrain (editable) with its dev, docs, deepspeed, hf and eval extras
 	$(PIP) install $(TORCH_SPEC)
 	# compat: a path entry rather than an import hook, so Hydra's plugin scan finds hydra_plugins/ (sweeps)
-	$(PIP) install --config-settings editable_mode=compat -e '.[dev,deepspeed,hf,eval]'
+	$(PIP) install --config-settings editable_mode=compat -e '.[dev,docs,deepspeed,hf,eval]'
 
 test: ## run every test tier this machine supports (unit, dist, slurm when `make slurm-up` ran, gpu with CUDA)
 	$(PYTEST) tests -q --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
@@ -43,6 +43,9 @@ lint: ## ruff, mypy, and the import-linter contracts between launcher/, train/ a
 	$(PYTHON) -m mypy launcher contract
 	lint-imports
 
+docs: ## the documentation site into site/ (MkDocs, warnings are errors); its reference pages and figures are generated
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
+
 bench: ## benchmarks under bench/, ratios measured in one run; report in bench/results/REPORT.md
 	$(PYTHON) -m bench
 
@@ -59,4 +62,4 @@ slurm-down: ## tear the local SLURM cluster down
 	bash scripts/slurm/down.sh
 
 clean: ## remove caches and local outputs
-	rm -rf outputs multirun .pytest_cache .ruff_cache .mypy_cache
+	rm -rf outputs multirun site .pytest_cache .ruff_cache .mypy_cache

@@ -10,6 +10,8 @@ What a user or a job types, and the foundations everything imports, are at the t
     evaluate.py   python -m launcher.evaluate: validation sets and harness tasks on chosen checkpoints
     prepare/      python -m launcher.prepare: a corpus -> token shards, locally or as a SLURM array
     worker.py     python -m launcher.worker: the compute side's entry as local workers, sbatch and submitit start it
+    commands.py   the commands above, one line each, and their parsers (--help, the site's command reference)
+    help.py       python -m launcher --help: what slurmtrain is, the config groups, the commands
     compose.py    the config composed outside `python -m launcher` (tests, benchmarks, notebooks)
     config_store.py  the schema (contract/config/schema.py) and our Hydra plugin registered with Hydra
     compute_seam.py  the one door into train/, for export, sample and the worker (import-linter allows no other)
@@ -19,6 +21,7 @@ What a user or a job types, and the foundations everything imports, are at the t
     run/          where a run goes and how it starts: dispatch, local workers, SLURM, the run directory, eval jobs
     sweeps/       `-m` sweeps as SLURM job arrays (the Hydra launcher plugin)
     observe/      what runs leave behind, read for status and report: runs, their rows, validation losses
+    docs/         the documentation site's generated parts (make docs): references, a showcase run, MkDocs hooks
 
 Each package's __init__ maps its modules and imports nothing, so importing one module loads only what it needs.
 The packages' modules import each other and the contract (contract/), never status, report, export or sample,

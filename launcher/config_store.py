@@ -1,4 +1,4 @@
-"""The schema and our Hydra plugin registered with Hydra's ConfigStore, before any config is composed."""
+"""The schema, our Hydra plugin and our --help registered with Hydra, before any config is composed."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from contract.config.schema import Config
+from launcher.help import register_help
 from launcher.sweeps.sweep import register_launcher
 
 
 def register() -> None:
     register_launcher()
+    register_help()
     # The top-level schema types every group's node, so group files are validated without schemas of their own
     # (which would also show up as bogus choices in Hydra's "Available options" list).
     ConfigStore.instance().store(name="schema", node=Config)

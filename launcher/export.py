@@ -219,7 +219,7 @@ def add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
                        "first validation set's loss")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m launcher.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint (RUN_DIR/checkpoints/step_N)")
@@ -234,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-verify", action="store_true",
                         help="--format hf: skip loading the export back and comparing it with the run's model; only "
                         "for a model whose check does not fit in this machine's memory")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.format != "hf" and (args.max_shard_size is not None or args.no_verify):
             raise ConfigError(f"{'--max-shard-size' if args.max_shard_size is not None else '--no-verify'} applies "

@@ -138,7 +138,7 @@ def smoothing_weight(text: str) -> float:
     return weight
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a run directory, a sweep directory or a run.root")
     parser.add_argument("--overlay", type=Path, metavar="OUT",
@@ -153,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="loss.png's smoothed training loss over the faint logged one: TensorBoard's exponential "
                              f"moving average of this weight, 0 <= WEIGHT < 1 (default {SMOOTHING}; 0: the logged "
                              "loss alone)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         smoothing = smoothing_weight(args.smoothing)
         # Every DIR checked before anything is written.

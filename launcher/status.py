@@ -168,7 +168,7 @@ def preparation(path: Path, as_json: bool, every_s: float | None) -> int:
     return 0
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
     parser.add_argument("dir", nargs="?", default=".", type=Path,
                         help="a run directory, a sweep directory, a run.root or a prepared dataset directory "
@@ -181,11 +181,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "harness/TASK/METRIC, loss; METRIC:max or :min when its name does not say which way is "
                         "better); default for a sweep: the first validation set's loss, else the training loss "
                         "averaged over the last logged interval")
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.json and args.watch is not None:
             raise ConfigError("--json and --watch do not combine: drop one (loop `--json` yourself to poll)")

@@ -24,6 +24,10 @@ def run(config_path: str | Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        # Every way the worker is started, --evaluate's included (train.entry's own parser knows only --config).
+        print(__doc__.rstrip())
+        return 0
     if argv[:1] == ["--probe"]:
         return compute_seam.probe_main()
     if argv[:1] == ["--evaluate"] and len(argv) in (3, 4):

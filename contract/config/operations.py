@@ -14,6 +14,7 @@ from contract.config.keys import num, path_key
 
 @dataclass
 class RunConfig:
+    # Where run directories are made: RUN_ROOT/RUN_NAME (relative to the launching directory).
     root: str = path_key("outputs")
     # None: derived from the config (model, strategy, precision and a hash of the training settings), so the
     # same command lands in the same run directory.
@@ -58,7 +59,9 @@ class LoggerConfig:
     backend: Any = "wandb"
     # wandb's: offline by default, nothing leaves the machine unless the user opts in.
     mode: str = "offline"  # offline | online | disabled
+    # wandb's project.
     project: str = "slurmtrain"
+    # wandb's entity (a user or team); None: the default of the account.
     entity: str | None = None
     # wandb run group; a sweep sets it to the sweep name so its points show together.
     group: str | None = None
@@ -105,8 +108,11 @@ class WatchdogConfig:
     startup_timeout_s: float = num(1800.0, 0, lo_open=True)
     # None: learned, factor x the longest seen so far (at least min_timeout_s), kept for the next attempt.
     step_timeout_s: float | None = num(None, 0, lo_open=True)
+    # A save's blocking part; None: learned as step_timeout_s is.
     checkpoint_timeout_s: float | None = num(None, 0, lo_open=True)
+    # A learned timeout is this many times the longest duration seen so far ...
     factor: float = num(5.0, 1)
+    # ... and at least this long.
     min_timeout_s: float = num(300.0, 0, lo_open=True)
 
 
@@ -114,9 +120,13 @@ class WatchdogConfig:
 class ProfileConfig:
     # `+profile=default`: torch.profiler on these ranks with a wait / warmup / active schedule (in steps).
     ranks: list[int] = field(default_factory=lambda: [0], metadata={"range": (0, None, False, False)})
+    # Steps before profiling starts.
     wait: int = num(5, 0)
+    # Steps profiled but discarded, to warm the profiler up.
     warmup: int = num(2, 0)
+    # Steps recorded.
     active: int = num(3, 1)
+    # How many wait / warmup / active cycles (0: until the run ends).
     repeat: int = num(1, 0)
     # How many of the most expensive operators to print at the end.
     top_ops: int = num(15, 1)
@@ -124,30 +134,49 @@ class ProfileConfig:
 
 @dataclass
 class ClusterConfig:
+    # The cluster's name: set by the group option (+cluster=local_slurm), never typed.
     name: str = MISSING
+    # Nodes per job.
     nodes: int = num(1, 1)
+    # GPUs per node (0: a CPU cluster, one rank per task).
     gpus_per_node: int = num(0, 0)
     # Tasks (ranks) per node: one per GPU, or this many on a CPU cluster.
     tasks_per_node: int | None = num(None, 1)
+    # The GPU's name (H100, A100), shown in the plan's memory line.
     gpu_type: str | None = None
+    # Memory per GPU, which the plan's memory estimate must fit in (0: not checked).
     gpu_memory_gb: float = num(0.0, 0)
     # Dense peak TFLOP/s per GPU, keyed by precision name (bf16, fp16, fp32).
     peak_tflops: dict[str, float] = field(default_factory=dict, metadata={"range": (0, None, True, False)})
+    # sbatch --partition; None: the cluster's default.
     partition: str | None = None
+    # sbatch --account.
     account: str | None = None
+    # sbatch --qos.
     qos: str | None = None
+    # sbatch --time, in minutes: a job's allocation, after which it checkpoints and requeues.
     time_limit_min: int = num(60, 1)
+    # sbatch --cpus-per-task.
     cpus_per_task: int = num(1, 1)
+    # Memory per task: sbatch --mem is this times the tasks per node; None: the partition's default.
     mem_per_task_gb: float | None = num(None, 0, lo_open=True)
+    # sbatch --constraint (node features).
     constraint: str | None = None
+    # sbatch --exclusive: whole nodes, shared with no other job.
     exclusive: bool = False
+    # torch.distributed backend: nccl (GPUs) or gloo (CPUs).
     backend: str = "nccl"
+    # Shell lines the sbatch script runs before the ranks start (module load, source a venv).
     setup: list[str] = field(default_factory=list)
+    # Environment variables exported in the sbatch script (e.g. NCCL settings).
     env: dict[str, str] = field(default_factory=dict)
+    # The signal SLURM sends before the time limit (sbatch --signal); the ranks checkpoint and requeue on it.
     signal: str = "USR1"
+    # ... this many seconds before the time limit.
     signal_lead_s: int = num(90, 1, 65535)
     # srun starts one task per rank. torchrun under srun is refused: its agent dies on the preemption signal.
     launch: str = "srun"
+    # Requeues after a preemption or the time limit over a job's life (submitit's max_num_timeout).
     max_requeues: int = num(3, 0)
     # Unexpected failures (a crashed rank, a hang) requeue the job this many times over the run's life; the
     # failed host is left out when the partition has nodes to spare. Configuration errors are never retried.
@@ -156,13 +185,17 @@ class ClusterConfig:
     # abort communicators on an error or timeout, a heartbeat monitor that ends a rank whose NCCL watchdog is stuck,
     # and the flight recorder (this many entries; 0: off), dumped into RUN_DIR/hangs/ on a timeout.
     nccl_async_error_handling: int = num(3, 0, 3)
+    # The NCCL heartbeat monitor's timeout.
     nccl_heartbeat_timeout_s: int = num(600, 1)
+    # The NCCL flight recorder's entries (0: off).
     nccl_flight_recorder_entries: int = num(2000, 0)
     # `-m` sweeps: at most this many array tasks run at once (sbatch --array=0-N%THIS).
     array_parallelism: int = num(256, 1)
+    # For the plan's cost estimate; None: no cost shown.
     price_per_gpu_hour: float | None = num(None, 0)
     # Model FLOPs utilisation assumed for the plan's step time, wall time and GPU-hours.
     assumed_mfu: float = num(0.4, 0, 1, lo_open=True)
+    # Any other sbatch parameters, passed to sbatch as they are (name: value).
     extra_sbatch: dict[str, Any] = field(default_factory=dict)
 
 
@@ -198,10 +231,15 @@ class EvalConfig:
     # the loop (contract/rules/eval_jobs.py, train/evaluation/job.py); needs +cluster. Training never waits for it. The
     # job's resources; None: the cluster's (ranks per node, partition, qos, time limit).
     async_jobs: bool = False
+    # eval.async_jobs: nodes per evaluation job.
     job_nodes: int = num(1, 1)
+    # eval.async_jobs: ranks per node (None: the cluster's).
     job_tasks_per_node: int | None = num(None, 1)
+    # eval.async_jobs: the partition (None: the cluster's).
     job_partition: str | None = None
+    # eval.async_jobs: the qos (None: the cluster's).
     job_qos: str | None = None
+    # eval.async_jobs: the time limit in minutes (None: the cluster's).
     job_time_limit_min: int | None = num(None, 1)
     # Downstream scores beside the validation losses (lm-evaluation-harness): eval.harness.tasks=[...].
     harness: HarnessConfig = field(default_factory=HarnessConfig)
@@ -216,6 +254,7 @@ class StabilityConfig:
     # rollback (at once: reload the newest complete checkpoint before it and skip its samples) or stop (checkpoint
     # nothing new, end naming the step and the last good checkpoint).
     nonfinite: str = "skip"
+    # stability.nonfinite=skip: this many skipped steps in a row roll back.
     skip_limit: int = num(3, 1)
     # Roll back at most this many times over the run's life; the next trouble stops the run.
     max_rollbacks: int = num(3, 0)
@@ -224,6 +263,7 @@ class StabilityConfig:
     # The spike rule (OLMo-core): skip a step whose loss or gradient norm is more than spike_sigma standard deviations
     # above the mean of the last spike_window steps (checked once half the window is filled). 0: off.
     spike_sigma: float = num(0.0, 0)
+    # The spike rule's window of recent steps.
     spike_window: int = num(128, 2)
     # Replica consistency (train/stability/replicas.py): every this many steps, and before every save, the ranks that
     # should hold identical weights (DDP, HSDP replicas, ZeRO-1/2) compare an exact fingerprint of them; a rank that

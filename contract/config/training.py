@@ -13,14 +13,21 @@ from contract.config.keys import SEED_MAX, num, path_key
 
 @dataclass
 class ModelConfig:
+    # The model's name: set by the group option (model=tiny), never typed.
     name: str = MISSING
+    # Token ids the embedding holds (a prepared dataset's manifest sets it for data=tokens).
     vocab_size: int = num(256, 1)
+    # Hidden size: the width of the residual stream.
     d_model: int = num(64, 1)
+    # Transformer blocks.
     n_layers: int = num(2, 1)
+    # Query heads per attention layer (d_model must divide by it).
     n_heads: int = num(4, 1)
     # Grouped-query attention: fewer key/value heads than query heads (Llama 3); None means n_heads.
     n_kv_heads: int | None = num(None, 1)
+    # The MLP's inner width.
     ffn_hidden: int = num(256, 1)
+    # Context length: the longest sequence the model takes (data.seq_len's default).
     max_seq_len: int = num(64, 1)
     # The two families we size: GPT-2 (learned positions, GELU MLP, LayerNorm, tied embeddings) and
     # Llama 3 (RoPE, SwiGLU, RMSNorm). One implementation, switched by these three keys.
@@ -29,14 +36,19 @@ class ModelConfig:
     norm: str = "rmsnorm"  # rmsnorm | layernorm
     # The norms' epsilon: 1e-5 in Llama 3 and GPT-2 (Hugging Face's LlamaConfig defaults to 1e-6).
     norm_eps: float = num(1e-5, 0, lo_open=True)
+    # position=rope: the rotary embeddings' base frequency.
     rope_theta: float = num(10000.0, 0, lo_open=True)
+    # The output layer shares the input embedding's weights (GPT-2); false: a layer of its own.
     tie_embeddings: bool = True
+    # Attention dropout probability while training (scaled_dot_product_attention's dropout_p).
     dropout: float = num(0.0, 0, 1, hi_open=True)
+    # Standard deviation of the normal initialisation of the weights.
     init_std: float = num(0.02, 0, lo_open=True)
     # Bring your own model: a function or class that returns an nn.Module, instantiated by Hydra with `args` as
     # its keyword arguments (model._target_=my_pkg.build_model model.args.hidden=128). The keys above then only
     # matter where the data uses them (vocab_size, max_seq_len). None: our transformer.
     _target_: str | None = None
+    # Keyword arguments for model._target_.
     args: dict[str, Any] = field(default_factory=dict)
     # The repeated block that FSDP wraps and activation checkpointing recomputes: a class name (or
     # module.ClassName). None: found automatically (the longest list of identical blocks); "none": the model has
@@ -52,16 +64,20 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    # The data source: set by the group option (data=synthetic | tokens), never typed.
     name: str = MISSING
     # Tokens per sample; defaults to the model's context length.
     seq_len: int = num("${model.max_seq_len}", 1)  # type: ignore[assignment]
+    # Seeds the data order (the shuffle of each epoch, a mixture's choice of source); defaults to trainer.seed.
     seed: int = num("${trainer.seed}", 0, SEED_MAX)  # type: ignore[assignment]
     # synthetic: probability that the next token follows the hidden transition table (the learnable part).
     signal: float = num(0.9, 0, 1)
     # tokens: a flat binary file of token ids (numpy memmap), a prepared directory (python -m launcher.prepare; its
     # manifest sets the dtype and the vocabulary) or a glob of token files read as one stream.
     path: str | None = path_key()
+    # tokens: the dtype of a raw token file (a prepared directory's manifest gives its own).
     dtype: str = "uint16"
+    # Read samples in an order shuffled per epoch by data.seed; false: in file order.
     shuffle: bool = True
     # tokens: a mixture instead of one path, data.sources.NAME.path=... data.sources.NAME.weight=0.7 (train/data/
     # mixture.py): which source and window a sample reads is a pure function of its index, the weights and the seed.
@@ -74,6 +90,7 @@ class DataConfig:
     # (inputs, targets) pair, or a dict with input_ids (and labels). Sample i of the global stream is item
     # i mod len, in an order shuffled per epoch by data.seed when data.shuffle is true.
     _target_: str | None = None
+    # Keyword arguments for data._target_.
     args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,24 +99,32 @@ class OptimConfig:
     # Which optimizer (the group option: optim=adamw | sgd | adafactor | muon | lion; contract/rules/optimizers.py).
     # The keys after weight_decay are each read by some of them only: set for another, a key is refused.
     name: str = "adamw"
+    # Peak learning rate, reached after warmup (before optim.lr_scaling).
     lr: float = num(3e-3, 0, lo_open=True)
+    # The schedule's floor as a fraction of the peak rate.
     min_lr_ratio: float = num(0.1, 0, 1)
+    # Decoupled weight decay (AdamW's), applied to the parameters optim.no_decay does not skip.
     weight_decay: float = num(0.1, 0)
     # What weight decay skips: any of norm, bias, embedding (a table, and an output layer tied to it) and vector
     # (every parameter of fewer than 2 dims, the rule before this key); [] decays every parameter.
     no_decay: list[str] = field(default_factory=lambda: ["norm", "bias", "embedding"])
     # adamw, lion, and muon's AdamW part.
     beta1: float = num(0.9, 0, 1, hi_open=True)
+    # adamw, lion, and muon's AdamW part: the second moment's decay (lion: the momentum update's).
     beta2: float = num(0.95, 0, 1, hi_open=True)
+    # adamw and muon's AdamW part: added to the denominator.
     eps: float = num(1e-8, 0, lo_open=True)
     # sgd, muon: the momentum factor and Nesterov's variant (conf/optim/sgd.yaml, muon.yaml set them).
     momentum: float | None = num(None, 0, 1, hi_open=True)
+    # sgd, muon: Nesterov momentum.
     nesterov: bool | None = None
     # muon: Newton-Schulz iterations orthogonalising each hidden matrix's update.
     ns_steps: int | None = num(None, 1, 99)
     # adafactor: the second moment's decay (beta2 at step t is 1 - t^beta2_decay) and the update's RMS clip (torch's d).
     beta2_decay: float | None = num(None, -1, 0)
+    # adafactor: the update's RMS clip.
     clip_threshold: float | None = num(None, 0, lo_open=True)
+    # Steps of linear warmup from 0 to the peak rate.
     warmup_steps: int = num(5, 0)
     # The learning-rate schedule after warmup (contract/rules/schedules.py has each closed form): cosine | linear | constant
     # | wsd (warmup-stable-decay) | inverse_sqrt. min_lr_ratio is the floor of all but constant.
@@ -108,13 +133,17 @@ class OptimConfig:
     # unless decay_start_step names the last step at the peak (like trainer.max_steps it may change when a run is
     # extended, so that a stable phase can be extended and annealed later).
     decay_fraction: float = num(0.2, 0, 1)
+    # wsd: the decay's shape (1-sqrt | linear | cosine).
     decay_shape: str = "1-sqrt"
+    # wsd: the last step at the peak rate (None: from optim.decay_fraction).
     decay_start_step: int | None = num(None, 0)
     # inverse_sqrt: the rate is 1/sqrt(2) of the peak this many steps after warmup (None: optim.warmup_steps).
     timescale: int | None = num(None, 1)
+    # Clip the global gradient norm to this before each update; 0: no clipping.
     grad_clip: float = num(1.0, 0)
     # Scale optim.lr with the effective batch: none, linear or sqrt of (global batch / reference_batch_size).
     lr_scaling: str = "none"
+    # optim.lr_scaling: the global batch size optim.lr was tuned for.
     reference_batch_size: int | None = num(None, 1)
     # Derived by the launch plan (optim.lr after lr_scaling); training uses it. Not set by hand.
     scaled_lr: float | None = num(None, 0, lo_open=True)
@@ -125,11 +154,13 @@ class OptimConfig:
 
 @dataclass
 class StrategyConfig:
+    # The strategy's name: set by the group option (strategy=ddp), never typed.
     name: str = MISSING
     # Which backend implements it: torch (single, ddp, fsdp, fsdp_grad_op, hsdp) or deepspeed (zero*).
     backend: str = "torch"
     # DDP knobs.
     bucket_cap_mb: int = num(25, 1)
+    # DDP: gradients are views into the communication buckets (saves a copy).
     gradient_as_bucket_view: bool = True
     # FSDP2 (fully_shard per transformer block): free the gathered parameters after forward (ZeRO-3 layout)
     # or keep them until backward (ZeRO-2 layout).
@@ -138,10 +169,13 @@ class StrategyConfig:
     replicate_degree: int | None = num(None, 1)
     # DeepSpeed ZeRO.
     zero_stage: int = num(0, 0, 3)
+    # DeepSpeed ZeRO: keep the optimizer state in CPU memory.
     offload_optimizer: bool = False
+    # DeepSpeed ZeRO-3: keep the parameters in CPU memory.
     offload_params: bool = False
     # Across strategies: recompute each transformer block's activations in backward; torch.compile each block.
     activation_checkpointing: bool = False
+    # torch.compile each transformer block.
     compile: bool = False
 
 
@@ -163,6 +197,7 @@ class ParallelConfig:
 
 @dataclass
 class PrecisionConfig:
+    # The precision's name: set by the group option (precision=bf16), never typed.
     name: str = MISSING
     # Dtype of the autocast region; fp32 means no autocast.
     compute_dtype: str = "float32"  # float32 | bfloat16 | float16
@@ -179,13 +214,17 @@ class TrainerConfig:
     max_tokens: float | None = num(None, 1)
     # Passes over data.path's samples, or over the mixture source trainer.epochs_of names (0.5: half of one).
     max_epochs: float | None = num(None, 0, lo_open=True)
+    # trainer.max_epochs over a mixture: the source whose passes are counted (None: data.path's samples).
     epochs_of: str | None = None
+    # Sequences per rank per forward and backward pass.
     micro_batch_size: int = num(8, 1)
     # None: derived from global_batch_size (or 1 when that is unset too).
     grad_accum_steps: int | None = num(None, 1)
     # Sequences per optimizer step across all ranks; None: micro x accumulation x data-parallel size.
     global_batch_size: int | None = num(None, 1)
+    # Seeds the model's initialisation, the data order (data.seed's default) and dropout.
     seed: int = num(1234, 0, SEED_MAX)
+    # Log the loss and telemetry every this many optimizer steps.
     log_every: int = num(10, 1)
     # Periodic (asynchronous) checkpoint interval in optimizer steps; 0: only on preemption and at the end.
     ckpt_every: int = num(100, 0)
@@ -197,4 +236,5 @@ class TrainerConfig:
     # Optimizer steps of micro batches a background thread prepares ahead of training (0: load on the training
     # thread). Samples are addressed by index, so this never changes which samples a step trains on.
     prefetch_steps: int = num(2, 0, 64)
+    # A progress bar on rank 0's standard error when it is a terminal.
     progress_bar: bool = True

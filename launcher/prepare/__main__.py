@@ -28,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m launcher.prepare",
         description=__doc__,
@@ -188,7 +188,7 @@ def _summary(manifest: Manifest, plan: Plan, written: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv, cluster, cluster_overrides = _split_cluster(list(sys.argv[1:] if argv is None else argv))
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         from launcher.prepare.documents import check_columns
         from launcher.prepare.filters import canonical

@@ -1,0 +1,26 @@
+"""The commands a user types besides `python -m launcher`: each one's module and what it does in one line.
+
+`python -m launcher --help` lists them (launcher/help.py) and the site's command reference prints each one's
+--help from its parser (launcher/docs/commands_reference.py); every module here has `build_parser()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("launcher.prepare", "turn a corpus (text, JSON Lines, Parquet) into token shards, locally or as a SLURM array"),
+    ("launcher.status", "one row per run of a run, a sweep or a run root: step, loss, state, GPU-hours"),
+    ("launcher.report", "PNG plots of a run, a sweep or a run root: loss, learning rate, gradient norm, tokens/s"),
+    ("launcher.sample", "generate text from a run's checkpoint"),
+    ("launcher.export", "a checkpoint as one safetensors file or a verified Hugging Face directory"),
+    ("launcher.evaluate", "validation sets and lm-evaluation-harness tasks on a run's checkpoints"),
+)
+
+
+def build_parser(module: str) -> argparse.ArgumentParser:
+    """The command's own argparse parser, built as the command builds it (nothing parsed, nothing run)."""
+    target = importlib.import_module(f"{module}.__main__" if module == "launcher.prepare" else module)
+    parser: argparse.ArgumentParser = target.build_parser()
+    return parser

@@ -1,0 +1,21 @@
+"""The pages with `<!-- run: slurm -->` examples, run whole on the local cluster: their `<!-- run -->` and
+`<!-- run: slurm -->` blocks in order, as a reader would type them (tests/doc_examples.py), with the lines their
+`<!-- output -->` blocks show. The other pages run in the local tier (tests/dist/test_doc_examples.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import doc_examples as d
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slurm
+
+SLURM_PAGES = [p for p in d.pages() if d.runnable(p, (d.SLURM,))]
+
+
+@pytest.mark.parametrize("page", SLURM_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_page_examples_run_on_the_cluster(page: Path) -> None:
+    d.run_blocks(d.runnable(page, (d.RUN, d.SLURM)), timeout=900)
