@@ -1,6 +1,7 @@
 """data.document_mask under every strategy on two CPU ranks (gloo), issue 31 acceptance 5: the logits of the second
 of two packed documents equal those of that document run alone under ddp, fsdp and tp=2 (and differ with the mask
-off); pipeline parallelism and DeepSpeed train with the mask to the same first loss as ddp; validation honours it."""
+off); pipeline parallelism, DeepSpeed and activation checkpointing train with the mask to the same first loss as
+ddp; validation honours it."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     runs["pp2-on"] = [*common, "strategy=fsdp", "parallel.pp=2", "trainer.micro_batch_size=1",
                       "data.document_mask=true"]
     runs["zero2-on"] = [*common, "strategy=zero2", "trainer.micro_batch_size=4", "data.document_mask=true"]
+    runs["fsdp-ac-on"] = [*runs["fsdp-on"], "strategy.activation_checkpointing=true"]  # the mask is recomputed too
+    # An interleaved schedule runs two stages (Chunk views of the model) per rank: 4 layers over 4 stages.
+    runs["ddp4-on"] = [*runs["ddp-on"], "model.n_layers=4"]
+    runs["pp2i-on"] = [*runs["pp2-on"], "parallel.pp_schedule=interleaved_1f1b", "model.n_layers=4"]
     mp.spawn(train_and_compare, args=(2, free_port(), str(root), runs), nprocs=2)
     out = {name: torch.load(root / name / "result.pt") for name in runs}
     for name in runs:
@@ -57,9 +62,11 @@ def test_a_packed_document_computes_as_it_does_alone(results: dict[str, dict], l
 
 def test_every_strategy_trains_and_validates_with_the_mask(results: dict[str, dict]) -> None:
     reference = results["ddp-on"]
-    for name in ("fsdp-on", "tp2-on", "pp2-on", "zero2-on"):
+    for name in ("fsdp-on", "tp2-on", "pp2-on", "zero2-on", "fsdp-ac-on"):
         assert results[name]["losses"][1] == pytest.approx(reference["losses"][1], rel=1e-6), name
         assert results[name]["val"] == pytest.approx(reference["val"], rel=1e-6), name
+    assert results["pp2i-on"]["losses"][1] == pytest.approx(results["ddp4-on"]["losses"][1], rel=1e-6)
+    assert results["pp2i-on"]["val"] == pytest.approx(results["ddp4-on"]["val"], rel=1e-6)
     # The mask changes what is trained and validated: the same data without it gives other losses (at this tiny
     # model's start, near the uniform loss, by about 1e-3; the layouts agree to 1e-6).
     for name in ("ddp-off", "fsdp-off", "tp2-off"):
