@@ -270,7 +270,8 @@ def start_prefetch(source: TokenSource, state: TrainState, cfg: Any, strategy: S
     else:
         plan = planned_micro_batches(state.samples, steps, t.grad_accum_steps, strategy.dp_rank, strategy.dp_size,
                                      t.micro_batch_size)
-    return BatchPrefetcher(source, device, plan, depth=steps_ahead * t.grad_accum_steps)
+    return BatchPrefetcher(source, device, plan, depth=steps_ahead * t.grad_accum_steps,
+                           documents=bool(cfg.data.get("document_mask", False)))
 
 
 def _plain(cfg: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from train.data import (
     IGNORE_INDEX,
     TokenSource,
+    forward_kwargs,
     load_micro_batch,
     micro_batch_indices,
 )
@@ -84,6 +85,7 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
     accum, micro_batch_size = t.grad_accum_steps, t.micro_batch_size  # once: config reads are slow
     if strategy.pipeline is not None:
         return pipeline_step(strategy, source, state, cfg, env, device, timer, mark)
+    documents = bool(cfg.data.get("document_mask", False))
     loss_sum = torch.zeros((), device=device)
     z_sum = torch.zeros((), device=device) if z_loss is not None else None
     consumed: list[int] = []
@@ -92,15 +94,16 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
         consumed.extend(idx)
         with timer.data():
             if prefetcher is not None:
-                inputs, targets = prefetcher.get(idx)
+                inputs, targets, *extra = prefetcher.get(idx)
             else:
-                inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
+                inputs, targets, *extra = (x.to(device, non_blocking=True)
+                                           for x in load_micro_batch(source, idx, documents))
         if faults.ACTIVE:
             inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
         mark()
         with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
-                logits = logits_of(model(inputs))
+                logits = logits_of(model(inputs, **forward_kwargs(extra)))
             flat_logits, flat_targets = logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
             if z_loss is None:
                 loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX)
@@ -129,9 +132,10 @@ def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cf
         for micro in range(t.grad_accum_steps):
             consumed.extend(micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size,
                                                 t.micro_batch_size))
-        inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, consumed))
+        batch = load_micro_batch(source, consumed, bool(cfg.data.get("document_mask", False)))
+        batch = tuple(x.to(device, non_blocking=True) for x in batch)
     mark()
     with timer.synchronised(True):
-        loss = strategy.pipeline.step(inputs, targets)
+        loss = strategy.pipeline.step(*batch)
     trace_samples(state, env, consumed, strategy)
     return loss

@@ -85,6 +85,11 @@ class DataConfig:
     # A checkpoint records the fingerprint of the data it was trained on; resuming on other data (another file,
     # changed contents, other sources or weights) is refused unless this is true. Not a training setting.
     allow_changed: bool = False
+    # Attention stays within each document of a packed sample (block-causal) and positions (RoPE or learned)
+    # restart at each document, the documents being those a prepared dataset records (its end-of-document ids,
+    # which only the preparation writes). Flex attention on GPUs, a dense boolean mask on CPUs; the plan says which.
+    # Needs data=tokens on prepared directories and slurmtrain's transformer (contract/rules/document_mask.py).
+    document_mask: bool = False
     # Bring your own data: a map-style dataset class (len and getitem) or a function returning one, instantiated
     # by Hydra with `args`. An item is a token sequence of seq_len + 1 (inputs and shifted targets), an
     # (inputs, targets) pair, or a dict with input_ids (and labels). Sample i of the global stream is item

@@ -87,11 +87,18 @@ class Mixture:
         return self.sample_batch([index])[0]
 
     def sample_batch(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        return self._gather("sample_batch", indices, self.seq_len + 1, np.int64)
+
+    def document_ids(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Each input token's document within its sample (data.document_mask), from the sample's own source."""
+        return self._gather("document_ids", indices, self.seq_len, np.int32)
+
+    def _gather(self, method: str, indices: Sequence[int] | np.ndarray, width: int, dtype: type) -> np.ndarray:
         which, ordinals = self.schedule.locate(indices)
-        out = np.empty((len(which), self.seq_len + 1), dtype=np.int64)
+        out: np.ndarray = np.empty((len(which), width), dtype=dtype)
         for s in np.unique(which):
             rows = which == s
-            out[rows] = self.sources[int(s)].sample_batch(ordinals[rows])  # type: ignore[attr-defined]
+            out[rows] = getattr(self.sources[int(s)], method)(ordinals[rows])
         return out
 
     def progress(self, samples: int) -> dict[str, dict[str, float]]:

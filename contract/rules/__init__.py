@@ -14,4 +14,5 @@
     hf_config.py          model=hf_causal_lm: the local Hugging Face config, read as plain JSON
     hf_export.py          which runs export as a Hugging Face model (launcher.export --format hf, checkpoint.export_hf)
     strategy_names.py     the strategies a config can name and the compute-side class of each
+    document_mask.py      data.document_mask: what it needs at launch, the plan's attention line
 """

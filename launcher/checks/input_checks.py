@@ -1,6 +1,7 @@
 """Checks of what the user points at, before any worker starts: the run root, the token data (a token file: existence,
 access, format, size, and its token ids against the vocabulary; a prepared dataset: its manifest's vocabulary; a
-glob of files or a mixture's sources: each of them), and tracker credentials when logging online.
+glob of files or a mixture's sources: each of them), that data.document_mask has the documents it masks by
+(contract/rules/document_mask.py), and tracker credentials when logging online.
 
 Everything here is cheap: a token file is read whole only up to SCAN_BYTES; beyond that, SAMPLE_WINDOWS evenly
 spaced windows are read (a bad id elsewhere still ends in a one-line error on the ranks).
@@ -17,6 +18,8 @@ from omegaconf import DictConfig
 
 from contract.data.source_checks import check_source
 from contract.errors import ConfigError
+from contract.rules.document_mask import check_document_mask
+from contract.rules.document_mask import enabled as document_mask_enabled
 from contract.rules.log_backends import backends
 
 
@@ -78,4 +81,8 @@ def check_credentials(cfg: DictConfig) -> None:
 def check_inputs(cfg: DictConfig) -> None:
     check_run_root(cfg)
     check_token_data(cfg)
+    if document_mask_enabled(cfg):
+        from launcher.plan.world import ranks_on_gpus
+
+        check_document_mask(cfg, ranks_on_gpus(cfg))
     check_credentials(cfg)

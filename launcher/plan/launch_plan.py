@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from contract.errors import ConfigError
+from contract.rules.document_mask import attention_line
 from contract.rules.eval_jobs import check_eval_jobs, jobs_enabled
 from contract.rules.eval_sets import check_eval, repeat_warning, resolved_sets, set_spec
 from contract.rules.eval_sets import enabled as eval_enabled
@@ -48,7 +49,7 @@ from launcher.plan.parallel import (
 from launcher.plan.paths import make_absolute, run_name
 from launcher.plan.probe import needs_probe, probe
 from launcher.plan.run_length import length_key, settle_length
-from launcher.plan.world import local_gpu_count, tasks_per_node, world_size
+from launcher.plan.world import local_gpu_count, ranks_on_gpus, tasks_per_node, world_size
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,8 @@ def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
             warnings.append(f"warning: {spec.key.removesuffix('.path')} repeats: the run reads its {windows:,} samples "
                             f"{epochs:.3g} times over; add data or lower {length_key(cfg)}")
     head = f"data: {samples:,} samples of {seq_len + 1} tokens over the run: "
-    return (head + "; ".join(parts), *warnings)
+    attention = [attention_line(cfg, ranks_on_gpus(cfg))] if d.get("document_mask") else []
+    return (head + "; ".join(parts), *attention, *warnings)
 
 
 def eval_set_warnings(cfg: DictConfig, global_batch: int) -> tuple[str, ...]:

@@ -31,6 +31,11 @@ def has_gpus(cfg: DictConfig) -> bool:
     return local_gpu_count() > 0
 
 
+def ranks_on_gpus(cfg: DictConfig) -> bool:
+    """Whether the ranks compute on GPUs (train/distributed.py device_for: NCCL where there are GPUs)."""
+    return has_gpus(cfg) and (cfg.cluster is not None or cfg.local.backend != "gloo")
+
+
 def world_size(cfg: DictConfig) -> int:
     if cfg.launcher.prepare_only:
         if "SLURM_NTASKS" not in os.environ:

@@ -8,7 +8,8 @@ config and the seed, so a resume on any number of ranks continues exactly.
     prepared.py     a prepared dataset's validation split as sources (its train split is read through the spec)
     prefetch.py     micro batches prepared off the critical path by a worker thread
     dataset.py      a user's map-style dataset (data._target_)
-    batches.py      micro batches by global index (micro_batch_indices, load_micro_batch, split_sample)
+    batches.py      micro batches by global index (micro_batch_indices, load_micro_batch, split_sample); the
+                    model's extra inputs (forward_kwargs: document ids)
 
 What data=tokens points at, resolved (spec), a mixture's apportionment and the data fingerprint are the
 contract's (contract/data/), which the launcher checks too. Only batches.py and dataset.py need torch; this package
@@ -27,15 +28,16 @@ _HOMES = {
     "INDEX_VERSION": "index", "EpochOrder": "index",
     "DatasetSource": "dataset",
     "IGNORE_INDEX": "batches", "micro_batch_indices": "batches", "planned_micro_batches": "batches",
-    "split_sample": "batches", "load_micro_batch": "batches",
+    "split_sample": "batches", "load_micro_batch": "batches", "forward_kwargs": "batches",
 }
 __all__ = ["INDEX_VERSION", "IGNORE_INDEX", "DatasetSource", "EpochOrder", "MemmapTokens", "SyntheticTokens",
-           "TokenSource", "TokenStream", "WindowSource", "build_source", "data_progress", "load_micro_batch",
+           "TokenSource", "TokenStream", "WindowSource", "build_source", "data_progress", "forward_kwargs", "load_micro_batch",
            "micro_batch_indices", "planned_micro_batches", "split_sample"]
 
 if TYPE_CHECKING:
     from train.data.batches import (
         IGNORE_INDEX,
+        forward_kwargs,
         load_micro_batch,
         micro_batch_indices,
         planned_micro_batches,

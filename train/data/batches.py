@@ -60,12 +60,27 @@ def split_sample(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:-1], tokens[1:]
 
 
-def load_micro_batch(source: TokenSource, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def load_micro_batch(source: TokenSource, indices: Sequence[int],
+                     documents: bool = False) -> tuple[torch.Tensor, ...]:
     """(inputs, targets) [micro, seq_len] of these global samples, on the CPU; sources with a `sample_batch`
-    (the synthetic stream) make the whole micro batch in one vectorised call."""
+    (the synthetic stream) make the whole micro batch in one vectorised call. `documents` (data.document_mask):
+    a third tensor, each input token's document within its sample, as the source records them (forward_kwargs)."""
     sample_batch = getattr(source, "sample_batch", None)
     if sample_batch is not None:
         tokens = torch.from_numpy(sample_batch(indices))
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    pairs = [split_sample(source.sample(i)) for i in indices]
-    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        batch: tuple[torch.Tensor, ...] = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    else:
+        pairs = [split_sample(source.sample(i)) for i in indices]
+        batch = (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))
+    if not documents:
+        return batch
+    ids_of = getattr(source, "document_ids", None)
+    if ids_of is None:
+        raise ValueError(f"data.document_mask=true needs document boundaries and a {type(source).__name__} records "
+                         "none: train on prepared datasets (python -m launcher.prepare)")
+    return (*batch, torch.from_numpy(np.ascontiguousarray(ids_of(indices))))
+
+
+def forward_kwargs(extra: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the model takes beside the inputs, from a batch's tensors after (inputs, targets): document_ids."""
+    return {"document_ids": extra[0]} if extra else {}

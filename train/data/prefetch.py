@@ -32,12 +32,13 @@ _JOIN_S = 5.0
 
 class BatchPrefetcher:
     def __init__(self, source: TokenSource, device: torch.device, plan: Iterator[Sequence[int]],
-                 depth: int) -> None:
+                 depth: int, documents: bool = False) -> None:
         """`plan`: the indices of every micro batch to come, in the order the loop asks for them; `depth`: how
-        many micro batches may wait ready in the queue."""
-        self.source, self.device = source, device
+        many micro batches may wait ready in the queue; `documents`: batches carry document ids
+        (data.document_mask, train/data/batches.py)."""
+        self.source, self.device, self.documents = source, device, documents
         self._pin = device.type == "cuda"
-        self._queue: queue.Queue[tuple[list[int], tuple[torch.Tensor, torch.Tensor] | BaseException]] = (
+        self._queue: queue.Queue[tuple[list[int], tuple[torch.Tensor, ...] | BaseException]] = (
             queue.Queue(maxsize=max(depth, 1)))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._work, args=(plan,), name="slurmtrain-prefetch", daemon=True)
@@ -47,10 +48,10 @@ class BatchPrefetcher:
         for indices in plan:
             if self._stop.is_set():
                 return
-            item: tuple[torch.Tensor, torch.Tensor] | BaseException
+            item: tuple[torch.Tensor, ...] | BaseException
             try:
-                inputs, targets = load_micro_batch(self.source, indices)
-                item = (inputs.pin_memory(), targets.pin_memory()) if self._pin else (inputs, targets)
+                batch = load_micro_batch(self.source, indices, self.documents)
+                item = tuple(x.pin_memory() for x in batch) if self._pin else batch
             except BaseException as e:  # handed to the training thread, raised there at this micro batch
                 item = e
             while not self._stop.is_set():
@@ -62,7 +63,7 @@ class BatchPrefetcher:
             if isinstance(item, BaseException):
                 return
 
-    def get(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
         """The micro batch of these indices, on the device (the copy may still be in flight on CUDA)."""
         while True:
             try:
@@ -76,8 +77,7 @@ class BatchPrefetcher:
         if got != list(indices):
             raise RuntimeError(f"data prefetch out of step: asked for samples {_span(indices)}, the next prepared "
                                f"batch holds {_span(got)}")
-        inputs, targets = item
-        return inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+        return tuple(x.to(self.device, non_blocking=True) for x in item)
 
     def close(self) -> list[list[int]]:
         """Stop the worker and drop whatever it prepared (returned: the indices of each dropped micro batch);

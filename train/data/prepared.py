@@ -23,5 +23,5 @@ def validation_sources(data_cfg: Any) -> dict[str, WindowSource]:
     for spec in token_sources(data_cfg, split="val", on_ranks=True):
         if spec.manifest is not None and spec.windows(seq_len) >= 1:
             out[spec.name] = WindowSource(stream_of(spec), seq_len, int(data_cfg.seed), shuffle=False, name=spec.name,
-                                          what=f"{spec.key}={spec.path} (validation split)")
+                                          what=f"{spec.key}={spec.path} (validation split)", eod_id=spec.eod_id)
     return out

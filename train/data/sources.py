@@ -36,7 +36,7 @@ def token_source(data_cfg: Any, index_version: int = INDEX_VERSION) -> TokenSour
 
     specs = token_sources(data_cfg, on_ranks=True)
     windows = {s.name: WindowSource(stream_of(s), int(data_cfg.seq_len), int(data_cfg.seed), bool(data_cfg.shuffle),
-                                    s.name, index_version, what=f"{s.key}={s.path}") for s in specs}
+                                    s.name, index_version, what=f"{s.key}={s.path}", eod_id=s.eod_id) for s in specs}
     if not data_cfg.get("sources"):
         return windows[""]
     from contract.data.mixture import Mixture

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.data.documents import document_ids
 from train.data.index import INDEX_VERSION, Order, epoch_order
 
 # Shard files held open at once (a corpus may have more shards than a process may open files).
@@ -88,8 +89,10 @@ class WindowSource:
     """A TokenSource of windows of a stream, in an order shuffled per epoch (train/data/index.py)."""
 
     def __init__(self, stream: TokenStream, seq_len: int, seed: int, shuffle: bool, name: str = "",
-                 index_version: int = INDEX_VERSION, what: str = "") -> None:
-        self.stream, self.seq_len = stream, seq_len
+                 index_version: int = INDEX_VERSION, what: str = "", eod_id: int | None = None) -> None:
+        """`eod_id`: the end-of-document id a prepared dataset records (None for a bare token file: its documents
+        are unknown)."""
+        self.stream, self.seq_len, self.eod_id, self.what = stream, seq_len, eod_id, what or str(stream.files[0])
         self.windows = (stream.total - 1) // seq_len
         if self.windows < 1:
             raise ValueError(f"{what or stream.files[0]} holds {stream.total} tokens, fewer than one sample of "
@@ -108,6 +111,13 @@ class WindowSource:
         for row, window in enumerate(self.window_of(indices).tolist()):
             out[row] = self.stream.read(window * self.seq_len, self.seq_len + 1)
         return out
+
+    def document_ids(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """[len(indices), seq_len] int32: the document of each input token within its sample (data.document_mask)."""
+        if self.eod_id is None:
+            raise ValueError(f"{self.what} records no documents (not a prepared dataset), which "
+                             "data.document_mask=true needs")
+        return document_ids(self.sample_batch(indices)[:, :-1], self.eod_id)
 
     def epochs(self, samples: int) -> float:
         """Passes over the windows that `samples` samples make."""

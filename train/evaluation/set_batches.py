@@ -20,7 +20,7 @@ from train.data.batches import load_micro_batch
 # split over 8 ranks (16 bytes a token: inputs and targets, int64) four times over.
 MAX_KEPT_BYTES = 512 * 2**20
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, ...]  # inputs, targets (and document ids: data.document_mask)
 
 
 def nbytes(batch: Batch) -> int:
@@ -45,8 +45,9 @@ class SetBatches:
     (a micro batch, or a pipeline step's micro batches together)."""
 
     def __init__(self, sources: dict[str, Any], groups: Sequence[Sequence[int]], pin: bool,
-                 limit: int = MAX_KEPT_BYTES) -> None:
+                 limit: int = MAX_KEPT_BYTES, documents: bool = False) -> None:
         self.sources, self.groups, self.pin, self.limit = sources, [list(g) for g in groups], pin, limit
+        self.documents = documents
         self.kept: dict[str, list[Batch]] = {}
         self.not_kept: dict[str, int] = {}  # set -> the bytes its batches take here, read again every pass
         self.said = False
@@ -63,13 +64,13 @@ class SetBatches:
         keep: list[Batch] | None = None if name in self.not_kept else []
         room, size = self.limit - self.kept_bytes(), 0
         for indices in self.groups:
-            batch = load_micro_batch(self.sources[name], indices)
+            batch = load_micro_batch(self.sources[name], indices, self.documents)
             size += nbytes(batch)
             if keep is not None and size > room:
                 keep = None  # too large to keep: read again at every pass
                 self.not_kept[name] = size
             if keep is not None:
-                batch = (batch[0].pin_memory(), batch[1].pin_memory()) if self.pin else batch
+                batch = tuple(x.pin_memory() for x in batch) if self.pin else batch
                 keep.append(batch)
             yield batch
         if name in self.not_kept:

@@ -23,7 +23,7 @@ from contract.rules.eval_jobs import jobs_enabled
 from contract.rules.eval_sets import HELD_OUT_START, enabled, eval_section, repeat_warning, resolved_sets
 from contract.rules.harness import tasks as harness_tasks
 from contract.rundir import validation_log
-from train.data.batches import IGNORE_INDEX, planned_micro_batches
+from train.data.batches import IGNORE_INDEX, forward_kwargs, planned_micro_batches
 from train.distributed import all_reduce_max
 from train.evaluation.harness import Harness
 from train.evaluation.set_batches import SetBatches, samples_in
@@ -96,7 +96,8 @@ class Validator:
         per_batch = self.accum if self.pipeline is not None else 1
         groups = [[i for micro in self.micro_batches[first:first + per_batch] for i in micro]
                   for first in range(0, len(self.micro_batches), per_batch)]
-        self.set_batches = SetBatches(self.sets, groups, pin=device is not None and device.type == "cuda")
+        self.set_batches = SetBatches(self.sets, groups, pin=device is not None and device.type == "cuda",
+                                      documents=bool(cfg.data.get("document_mask", False)))
         self.first_pass = True
         self.harness: Harness | None = Harness(cfg, strategy, device) if active and harness_tasks(cfg) else None
 
@@ -160,9 +161,9 @@ class Validator:
             return self._pipeline_sums(name)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for batch in self.set_batches.of(name):
-            inputs, targets = (x.to(self.device, non_blocking=True) for x in batch)
+            inputs, targets, *extra = (x.to(self.device, non_blocking=True) for x in batch)
             with self.strategy.autocast():
-                logits = logits_of(model(inputs))
+                logits = logits_of(model(inputs, **forward_kwargs(extra)))
             flat = targets.reshape(-1)
             total[0] += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE_INDEX,
                                         reduction="sum").double()
@@ -175,8 +176,8 @@ class Validator:
         pipeline, accum = self.pipeline, int(self.accum)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for batch in self.set_batches.of(name):
-            inputs, targets = (x.to(self.device, non_blocking=True) for x in batch)
-            losses = pipeline.forward_only(inputs, targets)
+            inputs, targets, *extra = (x.to(self.device, non_blocking=True) for x in batch)
+            losses = pipeline.forward_only(inputs, targets, *extra)
             if pipeline.last:
                 for loss, micro_targets in zip(losses, targets.chunk(accum), strict=True):
                     count = (micro_targets != IGNORE_INDEX).sum()

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from train.model.document_mask import attention_mask, masked_attention, positions_in_documents
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
@@ -79,9 +81,13 @@ class LayerCache:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [batch, heads, seq, head_dim]; rotate pairs (even, odd) by the position's angle.
+    # x: [batch, heads, seq, head_dim]; rotate pairs (even, odd) by the position's angle. The tables: [positions,
+    # head_dim / 2] from this call's first position on, or [batch, 1, seq, head_dim / 2] (each token's own position,
+    # data.document_mask).
     x1, x2 = x[..., 0::2], x[..., 1::2]
-    cos, sin = cos[: x.shape[-2]].to(x.dtype), sin[: x.shape[-2]].to(x.dtype)
+    if cos.dim() == 2:
+        cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return rotated.flatten(-2)
 
@@ -102,28 +108,32 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                cache: LayerCache | None = None) -> torch.Tensor:
+                cache: LayerCache | None = None, mask: Any = None) -> torch.Tensor:
         """`rope`: the tables from this call's first position on. `cache` (generation): the new positions attend to
-        the cached ones too, and their keys and values join the cache."""
+        the cached ones too, and their keys and values join the cache. `mask` (data.document_mask): attention
+        within documents (train/model/document_mask.py), a keyword so tensor parallelism's input plan passes it."""
         b, t, _ = x.shape
         q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        mask, causal = None, True
+        seen, causal = None, True
         if cache is not None:
             start = cache.start
             k, v = cache.update(k, v)
             if start and t > 1:  # new positions after cached ones: each sees the cache and the new ones up to itself
-                mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
+                seen = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
             causal = not start
         if k.shape[1] != q.shape[1]:
             repeat = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=self.dropout if self.training else 0.0
-        )
+        dropout = self.dropout if self.training else 0.0
+        if mask is not None:
+            y = masked_attention(q, k, v, mask, dropout)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=seen, is_causal=causal and seen is None,
+                                               dropout_p=dropout)
         return self.out(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -151,9 +161,15 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                cache: LayerCache | None = None) -> torch.Tensor:
-        # Training calls attention with (x, rope) only: tensor parallelism's input plan lists those two.
-        x = x + (self.attn(self.attn_norm(x), rope) if cache is None else self.attn(self.attn_norm(x), rope, cache))
+                cache: LayerCache | None = None, mask: Any = None) -> torch.Tensor:
+        # Training calls attention with (x, rope) only: tensor parallelism's input plan lists those two (a document
+        # mask goes as a keyword, which the plan leaves alone).
+        if cache is not None:
+            attended = self.attn(self.attn_norm(x), rope, cache)
+        else:
+            attended = self.attn(self.attn_norm(x), rope) if mask is None else self.attn(self.attn_norm(x), rope,
+                                                                                         mask=mask)
+        x = x + attended
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -204,22 +220,35 @@ class Transformer(nn.Module):
             self.final_norm = None
             self.lm_head = None
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (a later pipeline stage's input and output: hidden states). With a `cache` (generation, one
-        process): `tokens` are the positions after the cached ones, and their keys and values join it."""
-        start = 0
+        process): `tokens` are the positions after the cached ones, and their keys and values join it. With
+        `document_ids` ([batch, seq], data.document_mask; every pipeline stage gets them): attention within each
+        document and positions from each document's start (train/model/document_mask.py)."""
+        start, positions, mask = 0, None, None
         if cache is not None:
             cache.check_room(tokens.shape[1])
             start = cache.length
+        if document_ids is not None:
+            if cache is not None:
+                raise ValueError("document_ids and a key/value cache together: generation runs one document")
+            positions, mask = positions_in_documents(document_ids), attention_mask(document_ids)
         if self.embed is not None:
             x = self.embed(tokens)
             if self.pos_embed is not None:
-                x = x + self.pos_embed(torch.arange(start, start + tokens.shape[1], device=tokens.device))
+                x = x + self.pos_embed(torch.arange(start, start + tokens.shape[1], device=tokens.device)
+                                       if positions is None else positions)
         else:
             x = tokens  # a later pipeline stage: the previous stage's hidden state
         rope = (self.rope_cos[start:], self.rope_sin[start:]) if self.cfg.position == "rope" else None  # type: ignore[index]
+        if rope is not None and positions is not None:
+            rope = (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1))  # type: ignore[index]
         for index, block in enumerate(self.blocks.values()):
-            x = block(x, rope) if cache is None else block(x, rope, cache.layer(index))
+            if cache is not None:
+                x = block(x, rope, cache.layer(index))
+            else:
+                x = block(x, rope) if mask is None else block(x, rope, mask=mask)
         if cache is not None:
             cache.length += tokens.shape[1]
         if self.lm_head is None:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor
 
-from train.data import IGNORE_INDEX
+from train.data import IGNORE_INDEX, forward_kwargs
 
 
 def stage_layers(n_layers: int, stages: int, stage: int) -> range:
@@ -51,10 +51,10 @@ class Chunk(nn.Module):
             self.register_buffer("rope_cos", model.rope_cos, persistent=False)
             self.register_buffer("rope_sin", model.rope_sin, persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None) -> torch.Tensor:
         from train.model.transformer import Transformer
 
-        return Transformer.forward(self, tokens)  # type: ignore[arg-type]
+        return Transformer.forward(self, tokens, document_ids=document_ids)  # type: ignore[arg-type]
 
 
 def chunks(model: Any, layout: Any, virtual: int) -> list[nn.Module]:
@@ -100,27 +100,30 @@ class Pipeline:
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                ignore_index=IGNORE_INDEX)
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """One optimizer step's forward and backward over every micro batch; a loss whose world mean is the
-        step's mean loss (the last stage's, times pp; zero elsewhere)."""
-        losses = self._run(self.schedule.step, inputs, targets)
+        step's mean loss (the last stage's, times pp; zero elsewhere). `extra`: the batch's document ids."""
+        losses = self._run(self.schedule.step, inputs, targets, extra)
         if not self.last:
             return torch.zeros((), device=inputs.device)
         return torch.stack([loss.detach() for loss in losses]).mean() * self.pp
 
-    def forward_only(self, inputs: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+    def forward_only(self, inputs: torch.Tensor, targets: torch.Tensor, *extra: torch.Tensor) -> list[torch.Tensor]:
         """The micro batches through the schedule without backward (its eval): the last stage's loss per micro
         batch (empty elsewhere)."""
-        return self._run(self.schedule.eval, inputs, targets)
+        return self._run(self.schedule.eval, inputs, targets, extra)
 
-    def _run(self, call: Any, inputs: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
-        """One pass of the schedule: the first stage feeds the inputs, the last the targets."""
+    def _run(self, call: Any, inputs: torch.Tensor, targets: torch.Tensor,
+             extra: tuple[torch.Tensor, ...] = ()) -> list[torch.Tensor]:
+        """One pass of the schedule: the first stage feeds the inputs, the last the targets; keyword inputs (the
+        document ids) reach every stage, split into micro batches as the inputs are."""
         losses: list[torch.Tensor] = []
+        kwargs = forward_kwargs(extra)
         with self.strategy.autocast():
             if self.first:
-                call(inputs, target=targets if self.last else None, losses=losses)
+                call(inputs, target=targets if self.last else None, losses=losses, **kwargs)
             elif self.last:
-                call(target=targets, losses=losses)
+                call(target=targets, losses=losses, **kwargs)
             else:
-                call()
+                call(**kwargs)
         return losses
