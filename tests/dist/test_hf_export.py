@@ -1,8 +1,8 @@
 """model=hf_causal_lm from a local config trains with fsdp on 2 ranks; `python -m launcher.export` turns the
 2-rank checkpoint into a Hugging Face directory and a safetensors file that reproduce the trained model. Tied
 weights (ours by default, a Hugging Face config with tie_word_embeddings) are stored once, so each format loads
-with its library's own loader as the README shows; what export writes follows the user's umask. Our transformer
-with checkpoint.export_hf=true leaves a verified Hugging Face export of its final checkpoint, named in status."""
+with its library's own loader as the manual (docs/weights.md) shows; what export writes follows the user's umask.
+Our transformer with checkpoint.export_hf=true leaves a verified Hugging Face export of its final checkpoint, named in status."""
 
 from __future__ import annotations
 
@@ -135,10 +135,11 @@ README_BLOCKS = {"# --format safetensors": "safetensors", "# --format hf\n": "hf
 
 
 def readme_export_examples() -> dict[str, str]:
-    """The README's Python examples for loading an export, by the format their first line names."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("**Export**"):]
-    section = section[:section.index("\n## ")]
+    """The manual's Python examples for loading an export (docs/weights.md's Export section), by the format their
+    first line names."""
+    text = (ROOT / "docs" / "weights.md").read_text()
+    section = text[text.index("\n## Export\n"):]
+    section = section[:section.index("\n## ", 1)]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     found = {name: block for block in blocks for start, name in README_BLOCKS.items() if block.startswith(start)}
     assert sorted(found) == sorted(README_BLOCKS.values()) and len(blocks) == len(found), blocks
@@ -146,16 +147,16 @@ def readme_export_examples() -> dict[str, str]:
 
 
 def test_readme_examples_load_a_tied_exports_of_each_format(trained: Path) -> None:
-    """The README's own code, with its example run directory and step replaced by this run's."""
+    """The manual's own code, with its example run directory and step replaced by this run's."""
     ref = reference(trained, "hf_tied")
     step = last_step(trained, "hf_tied")
     for fmt in ("hf", "safetensors"):
         out = export(str(trained / "hf_tied"), "--format", fmt)
         assert out.returncode == 0, out.stderr[-3000:]
     for fmt, code in [(f, c) for f, c in readme_export_examples().items() if f in ("hf", "safetensors")]:
-        code = code.replace("/tmp/hf/llama", str(trained / "hf_tied")).replace("step_20", f"step_{step}")
+        code = code.replace("w/llama_ft", str(trained / "hf_tied")).replace("step_5", f"step_{step}")
         namespace: dict[str, Any] = {}
-        exec(compile(code, f"README.md ({fmt})", "exec"), namespace)
+        exec(compile(code, f"docs/weights.md ({fmt})", "exec"), namespace)
         model = namespace["model"].eval()
         with torch.no_grad():
             output = model(ref["tokens"])
@@ -260,10 +261,10 @@ def test_export_hf_at_the_end_of_training_leaves_a_verified_export_named_in_stat
 
 
 def test_readme_example_loads_our_models_export_with_its_tokenizer(trained: Path) -> None:
-    """The README's own code for `--format hf` of our transformer, on the export checkpoint.export_hf wrote."""
+    """The manual's own code for `--format hf` of our transformer, on the export checkpoint.export_hf wrote."""
     code = readme_export_examples()["hf with tokenizer"]
-    code = code.replace("/tmp/corpus/runs/code/export/hf_step_200", str(trained / "ours_export" / "export" /
+    code = code.replace("corpus/runs/code/export/hf_step_200", str(trained / "ours_export" / "export" /
                                                                        "hf_step_3"))
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md (hf with tokenizer)", "exec"), namespace)
+    exec(compile(code, "docs/weights.md (hf with tokenizer)", "exec"), namespace)
     assert namespace["text"].startswith("def main(") and len(namespace["text"]) > len("def main(")
