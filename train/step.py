@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from train.data import (
     IGNORE_INDEX,
@@ -23,6 +22,7 @@ from train.data.index import INDEX_VERSION
 from train.data.prefetch import BatchPrefetcher
 from train.distributed import DistEnv
 from train.faults.preemption import StopOutcome
+from train.loss import TokenCount, cross_entropy
 from train.model.build import logits_of
 from train.observe.telemetry import NO_TIMING, StepTimer
 from train.stability import faults
@@ -75,15 +75,16 @@ def _no_mark() -> None:
 def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
                env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING,
                mark: Callable[[], None] = _no_mark, prefetcher: BatchPrefetcher | None = None,
-               z_loss: ZLoss | None = None) -> torch.Tensor:
+               z_loss: ZLoss | None = None, tokens: TokenCount | None = None) -> torch.Tensor:
     """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync). `mark`
     counts progress inside the step (the watchdog's: a hung rank is the one that got least far). With a
     `prefetcher` the micro batches come ready from its thread; without one they are loaded here. `z_loss`
-    (optim.z_loss): added to what is backpropagated; the returned loss is the cross-entropy alone."""
+    (optim.z_loss): added to what is backpropagated; the returned loss is the cross-entropy alone. `tokens` counts
+    the targets that count (supervised fine-tuning data's response tokens)."""
     t = cfg.trainer
     accum, micro_batch_size = t.grad_accum_steps, t.micro_batch_size  # once: config reads are slow
     if strategy.pipeline is not None:
-        return pipeline_step(strategy, source, state, cfg, env, device, timer, mark)
+        return pipeline_step(strategy, source, state, cfg, env, device, timer, mark, tokens)
     loss_sum = torch.zeros((), device=device)
     z_sum = torch.zeros((), device=device) if z_loss is not None else None
     consumed: list[int] = []
@@ -97,13 +98,15 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
                 inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, idx))
         if faults.ACTIVE:
             inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
+        if tokens is not None:
+            tokens.add(targets)
         mark()
         with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
                 logits = logits_of(model(inputs))
             flat_logits, flat_targets = logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
             if z_loss is None:
-                loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX)
+                loss = cross_entropy(flat_logits, flat_targets)
                 total = loss
             else:
                 loss, z = z_loss.losses(flat_logits, flat_targets, IGNORE_INDEX)
@@ -121,7 +124,8 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
 
 
 def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any, env: DistEnv,
-                  device: torch.device, timer: StepTimer, mark: Callable[[], None]) -> torch.Tensor:
+                  device: torch.device, timer: StepTimer, mark: Callable[[], None],
+                  tokens: TokenCount | None = None) -> torch.Tensor:
     """A pipeline stage's step: the step's micro batches, in order, go through the schedule together."""
     t = cfg.trainer
     consumed: list[int] = []
@@ -130,6 +134,8 @@ def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cf
             consumed.extend(micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size,
                                                 t.micro_batch_size))
         inputs, targets = (x.to(device, non_blocking=True) for x in load_micro_batch(source, consumed))
+    if tokens is not None:
+        tokens.add(targets)
     mark()
     with timer.synchronised(True):
         loss = strategy.pipeline.step(inputs, targets)

@@ -61,8 +61,13 @@ def split_sample(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def load_micro_batch(source: TokenSource, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) [micro, seq_len] of these global samples, on the CPU; sources with a `sample_batch`
-    (the synthetic stream) make the whole micro batch in one vectorised call."""
+    """(inputs, targets) [micro, seq_len] of these global samples, on the CPU; sources with a `micro_batch` (the
+    supervised fine-tuning samples: targets IGNORE_INDEX outside responses) or a `sample_batch` (the synthetic
+    stream) make the whole micro batch in one vectorised call."""
+    micro_batch = getattr(source, "micro_batch", None)
+    if micro_batch is not None:
+        inputs, targets = micro_batch(indices)
+        return torch.from_numpy(np.ascontiguousarray(inputs)), torch.from_numpy(np.ascontiguousarray(targets))
     sample_batch = getattr(source, "sample_batch", None)
     if sample_batch is not None:
         tokens = torch.from_numpy(sample_batch(indices))
