@@ -51,6 +51,9 @@ def check_sft_options(options: Options, template: ChatTemplate | None, tokenizer
         if file.kind != "jsonl":
             raise BadInput(f"{file.path} is not JSON Lines, and {FLAGS} records are read from JSON Lines "
                            f"(.jsonl): convert it, or {_leave_out(file)}")
+    for file in inputs:  # every record checked before anything is written (a second read: records are small)
+        for _ in read_records(file, options, template):
+            pass
 
 
 def template_of(plan: Plan) -> ChatTemplate | None:
