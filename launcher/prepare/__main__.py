@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from contract.data.manifest import Manifest
 from contract.errors import EXIT_BAD_INPUT, ConfigError
@@ -206,7 +207,7 @@ def _summary(manifest: Manifest, plan: Plan, written: int) -> str:
     )
 
 
-def _sft_line(sft: dict) -> str:
+def _sft_line(sft: Mapping[str, Any]) -> str:
     how = ("rendered with the tokenizer's chat template" if sft.get("rendering") == "chat_template" else
            "the prompt's text then the response's (the tokenizer has no chat template)")
     return f"supervised fine-tuning records: {how}; a loss mask beside the tokens counts only the responses"

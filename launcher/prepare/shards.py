@@ -179,7 +179,7 @@ def _sft_pieces(files: list[InputFile], plan: Plan, counts: list[int], skipped: 
         while chunk := list(islice(records, BATCH_DOCS)):
             counts[i] += len(chunk)
             val = [bool(threshold) and is_val("".join(t for t, _ in r), threshold, key) for r in chunk]
-            out = {}
+            out: dict[str, tuple[np.ndarray, np.ndarray | None, int]] = {}
             for split, chosen in (("train", [r for r, v in zip(chunk, val, strict=True) if not v]),
                                   ("val", [r for r, v in zip(chunk, val, strict=True) if v])):
                 if chosen:
