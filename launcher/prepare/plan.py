@@ -174,6 +174,8 @@ def difference(old: Plan, new: Plan) -> str:
         return f"it was prepared with the tokenizer {old.tokenizer.describe()}"
     for key, value in asdict(new.options).items():
         was, flag = getattr(old.options, key), "--" + key.replace("_", "-")
+        if was != value and key == "chat_template":
+            return "the tokenizer's chat template (its tokenizer_config.json) has changed since"
         if was != value:
             if isinstance(value, bool):
                 return f"it was prepared {'with' if was else 'without'} {flag}"

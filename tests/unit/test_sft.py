@@ -18,7 +18,7 @@ from contract.data.sft import RECORD_START, RESPONSE
 from contract.errors import ConfigError
 from launcher.compose import compose_and_plan
 from launcher.prepare.__main__ import main as prepare_main
-from tests.sft_data import shift_records, write_records, write_tokenizer, words
+from tests.sft_data import shift_records, words, write_records, write_tokenizer
 from train.data.batches import IGNORE_INDEX, load_micro_batch
 from train.data.sources import build_source
 from train.loss import cross_entropy
@@ -208,3 +208,21 @@ def test_launch_refuses_what_sft_data_can_not_honour(tmp_path: Path, tok: Path,
                                   "trainer.max_steps=5"])
     line = next(line for line in plan.data_lines if line.startswith("supervised fine-tuning data"))
     assert "only response tokens count, in the loss and in `tokens`" in line and "one of its 40 records" in line
+
+
+def test_the_same_command_is_complete_and_another_template_is_another_preparation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tok = write_tokenizer(tmp_path / "tok")
+    shift_records(tmp_path / "pairs.jsonl", 10)
+    argv = [str(tmp_path / "pairs.jsonl"), "--out", str(tmp_path / "ds"), "--tokenizer", str(tok), "--prompt-field",
+            "prompt", "--response-field", "response"]
+    prepare(capsys, *argv)
+    assert "already complete" in prepare(capsys, *argv)
+    manifest = (tmp_path / "ds" / "manifest.json").read_bytes()
+    config = json.loads((tok / "tokenizer_config.json").read_text())
+    config["chat_template"] = config["chat_template"].replace("<|user|>", "<|user|> ")
+    (tok / "tokenizer_config.json").write_text(json.dumps(config))
+    assert prepare_main([*argv, "--val-fraction", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the tokenizer's chat template (its tokenizer_config.json) has changed" in err, err
+    assert (tmp_path / "ds" / "manifest.json").read_bytes() == manifest  # nothing overwritten
