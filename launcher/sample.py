@@ -1,5 +1,5 @@
-"""python -m launcher.sample RUN_DIR [--step N | --best] (--prompt TEXT | --tokens 1,2,3) [--max-new-tokens K]
-[--temperature T] [--top-k K] [--seed S] [--ids] [--no-cache]
+"""python -m launcher.sample RUN_DIR [--step N | --best] (--prompt TEXT [--chat] | --tokens 1,2,3) [--tokenizer T]
+[--max-new-tokens K] [--temperature T] [--top-k K] [--seed S] [--ids] [--no-cache]
 
 Generates from a run's checkpoint (the newest complete one, --step N, or --best: the one that measured best, as
 launcher.export --best), written by any number of ranks with any strategy, on this machine (one process; a GPU
@@ -7,8 +7,11 @@ when there is one), each new token reading a key/value cache (--no-cache: the wh
 same output): greedy by default (--temperature 0), or sampled from softmax(logits / T) over the --top-k most likely
 ids. --prompt is encoded with the run's tokenizer (the one
 its prepared dataset names); a run without one (synthetic data, token files, a dataset of its own) takes the
-prompt as ids with --tokens. Prints the prompt and its continuation: as text when the run has a tokenizer, as
-ids otherwise (or with --ids). Generation stops early at the run's end-of-document id.
+prompt as ids with --tokens, or names a tokenizer with --tokenizer (`bytes`, a tokenizer.json or a directory
+holding one). --chat renders the prompt as a user turn with the tokenizer's chat template and its generation prompt
+(contract/data/sft.py, as launcher.prepare rendered supervised fine-tuning chats) and prints only the reply.
+Prints the prompt and its continuation: as text when the run has a tokenizer, as ids otherwise (or with --ids).
+Generation stops early at the run's end-of-document id.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
-from contract.data.run_tokenizer import RunTokenizer, run_tokenizer
+from contract.data.run_tokenizer import BYTES, RunTokenizer, run_tokenizer
 from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher import compute_seam
 from launcher.export import add_checkpoint_choice, pick_checkpoint, run_and_step
@@ -73,12 +76,35 @@ def prompt_ids(args: argparse.Namespace, tokenizer: RunTokenizer | None, why_non
                           "prompt as token ids with --tokens 1,2,3")
     if not args.prompt:
         raise ConfigError("--prompt is empty: give some text to continue")
-    ids = tokenizer.encode(args.prompt)
+    ids = tokenizer.encode(chat_prompt(args.prompt, tokenizer) if args.chat else args.prompt)
     bad = [i for i in ids if i >= vocab_size]
     if bad:
         raise ConfigError(f"--prompt encodes to id {bad[0]}, outside the model's vocabulary of {vocab_size}: "
                           "give a prompt in the run's vocabulary, or ids with --tokens")
     return ids
+
+
+def chat_prompt(text: str, tokenizer: RunTokenizer) -> str:
+    from contract.data.sft import chat_template
+
+    template = chat_template(tokenizer.path)
+    if template is None:
+        raise ConfigError(f"--chat renders the prompt with the tokenizer's chat template, and {tokenizer.name} has "
+                          "none (no chat_template in a tokenizer_config.json beside its tokenizer.json): drop --chat, "
+                          "or give --tokenizer DIR whose tokenizer_config.json has one")
+    try:
+        return template.prompt(text)
+    except ValueError as err:
+        raise ConfigError(f"--chat: {err}: fix the template") from None
+
+
+def given_tokenizer(spec: str) -> RunTokenizer:
+    """--tokenizer: `bytes`, a tokenizer.json or a directory holding one, with its end-of-document id as
+    launcher.prepare chooses it."""
+    from launcher.prepare.tokenizer import load_tokenizer
+
+    choice = load_tokenizer(spec)
+    return RunTokenizer(choice.info.path or BYTES, choice.eod_id, choice.info.path)
 
 
 def load_config(step_dir: Path) -> DictConfig:
@@ -105,7 +131,9 @@ def sample(args: argparse.Namespace) -> str:
     run_dir, step = run_and_step(args.run_dir.expanduser().resolve(), args.step)
     checkpoint = pick_checkpoint(run_dir, step, args.best)
     cfg = load_config(checkpoint.path)
-    tokenizer, why_none = run_tokenizer(cfg.data)
+    if args.chat and args.prompt is None:
+        raise ConfigError("--chat renders a text prompt: give --prompt TEXT (not --tokens)")
+    tokenizer, why_none = (given_tokenizer(args.tokenizer), "") if args.tokenizer else run_tokenizer(cfg.data)
     ids = prompt_ids(args, tokenizer, why_none, run_dir, int(cfg.model.vocab_size))
     stop_id = tokenizer.eod_id if tokenizer is not None else None
     print(f"sample: {checkpoint.path} ({describe(args)}, tokenizer {tokenizer.name if tokenizer else 'none'})",
@@ -120,7 +148,7 @@ def sample(args: argparse.Namespace) -> str:
     if new and new[-1] == stop_id:
         new = new[:-1]
         print("sample: stopped at the end-of-document id", file=sys.stderr)
-    return tokenizer.decode(ids + new)
+    return tokenizer.decode(new if args.chat else ids + new)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help="text to continue, encoded with the run's tokenizer")
     given.add_argument("--tokens", help="the prompt as comma-separated token ids")
+    parser.add_argument("--tokenizer", metavar="T",
+                        help="encode and decode with this tokenizer (`bytes`, a tokenizer.json or a directory holding "
+                        "one) instead of the run's: for a run without a prepared dataset")
+    parser.add_argument("--chat", action="store_true",
+                        help="render --prompt as a user turn with the tokenizer's chat template (its "
+                        "tokenizer_config.json) and print only the reply")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="how many ids to generate (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sample")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely ids (default: all)")

@@ -33,6 +33,7 @@ from train.evaluation.validator import Validator
 from train.faults.preemption import PreemptionWatcher, StopOutcome, after_stop
 from train.faults.signals import StopFlag, preempt_signal
 from train.faults.watchdog import Watchdog
+from train.loss import TokenCount
 from train.model.build import build_model, flops_per_token
 from train.observe.metrics import IntervalLoss, MetricsLogger, log
 from train.observe.telemetry import Telemetry
@@ -121,11 +122,14 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
 
     source = build_source(cfg.data, cfg.model.vocab_size, state.data_index)
     global_batch = t.micro_batch_size * t.grad_accum_steps * strategy.dp_size
+    responses = bool(getattr(source, "micro_batch", None))  # supervised fine-tuning: only response tokens count
+    tokens = TokenCount(responses, global_batch * seq_len, env.world_size // strategy.dp_size, device)
     if env.is_main:
         log.info(
-            "effective batch %d sequences (micro %d x accumulation %d x data-parallel %d) = %d tokens/step; "
+            "effective batch %d sequences (micro %d x accumulation %d x data-parallel %d) = %d tokens/step%s; "
             "strategy %s, precision %s, device %s",
             global_batch, t.micro_batch_size, t.grad_accum_steps, strategy.dp_size, global_batch * cfg.data.seq_len,
+            " (only response tokens count, in the loss and in `tokens`)" if responses else "",
             strategy.name, cfg.precision.name, device,
         )
     watcher = PreemptionWatcher(env, device, flag)
@@ -148,7 +152,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             lr = strategy.current_lr()
             telemetry.begin_step()
             loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark,
-                              prefetcher, stability.z)
+                              prefetcher, stability.z, tokens)
             watchdog.mark()
             interval.add(loss)
             ckpt.ready_for_update()  # an asynchronous save's copy of the state, overlapping this step, is done
@@ -156,7 +160,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             telemetry.end_step()
             state.step += 1
             state.samples += global_batch
-            state.tokens += global_batch * seq_len
+            state.tokens += tokens.take()
             logged: float | None = None
             # Before the stop agreement: a signal that comes during validation stops at this step, as always.
             val = validate(validator, model, watchdog, metrics) if validator.due(state.step) else {}
@@ -218,7 +222,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             with watchdog.section("checkpoint"):
                 ckpt.save(state, blocking=True)
             if env.is_main:
-                log.info("finished at step %d (%d tokens)", state.step, state.tokens)
+                log.info("finished at step %d (%d %stokens)", state.step, state.tokens, "response " if responses else "")
         ckpt.close()
         watchdog.save_state()
     finally:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from train.data import (
     IGNORE_INDEX,
@@ -24,6 +23,7 @@ from train.data.index import INDEX_VERSION
 from train.data.prefetch import BatchPrefetcher
 from train.distributed import DistEnv
 from train.faults.preemption import StopOutcome
+from train.loss import TokenCount, cross_entropy
 from train.model.build import logits_of
 from train.observe.telemetry import NO_TIMING, StepTimer
 from train.stability import faults
@@ -76,15 +76,16 @@ def _no_mark() -> None:
 def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any,
                env: DistEnv, device: torch.device, timer: StepTimer = NO_TIMING,
                mark: Callable[[], None] = _no_mark, prefetcher: BatchPrefetcher | None = None,
-               z_loss: ZLoss | None = None) -> torch.Tensor:
+               z_loss: ZLoss | None = None, tokens: TokenCount | None = None) -> torch.Tensor:
     """One optimizer step over `accum` micro batches; returns this rank's mean loss (a tensor, no sync). `mark`
     counts progress inside the step (the watchdog's: a hung rank is the one that got least far). With a
     `prefetcher` the micro batches come ready from its thread; without one they are loaded here. `z_loss`
-    (optim.z_loss): added to what is backpropagated; the returned loss is the cross-entropy alone."""
+    (optim.z_loss): added to what is backpropagated; the returned loss is the cross-entropy alone. `tokens` counts
+    the targets that count (supervised fine-tuning data's response tokens)."""
     t = cfg.trainer
     accum, micro_batch_size = t.grad_accum_steps, t.micro_batch_size  # once: config reads are slow
     if strategy.pipeline is not None:
-        return pipeline_step(strategy, source, state, cfg, env, device, timer, mark)
+        return pipeline_step(strategy, source, state, cfg, env, device, timer, mark, tokens)
     documents = bool(cfg.data.get("document_mask", False))
     loss_sum = torch.zeros((), device=device)
     z_sum = torch.zeros((), device=device) if z_loss is not None else None
@@ -100,13 +101,15 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
                                            for x in load_micro_batch(source, idx, documents))
         if faults.ACTIVE:
             inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
+        if tokens is not None:
+            tokens.add(targets)
         mark()
         with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
                 logits = logits_of(model(inputs, **forward_kwargs(extra)))
             flat_logits, flat_targets = logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
             if z_loss is None:
-                loss = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX)
+                loss = cross_entropy(flat_logits, flat_targets)
                 total = loss
             else:
                 loss, z = z_loss.losses(flat_logits, flat_targets, IGNORE_INDEX)
@@ -124,7 +127,8 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
 
 
 def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cfg: Any, env: DistEnv,
-                  device: torch.device, timer: StepTimer, mark: Callable[[], None]) -> torch.Tensor:
+                  device: torch.device, timer: StepTimer, mark: Callable[[], None],
+                  tokens: TokenCount | None = None) -> torch.Tensor:
     """A pipeline stage's step: the step's micro batches, in order, go through the schedule together."""
     t = cfg.trainer
     consumed: list[int] = []
@@ -134,6 +138,8 @@ def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cf
                                                 t.micro_batch_size))
         batch = load_micro_batch(source, consumed, bool(cfg.data.get("document_mask", False)))
         batch = tuple(x.to(device, non_blocking=True) for x in batch)
+    if tokens is not None:
+        tokens.add(batch[1])
     mark()
     with timer.synchronised(True):
         loss = strategy.pipeline.step(*batch)

@@ -79,6 +79,10 @@ class DataConfig:
     dtype: str = "uint16"
     # Read samples in an order shuffled per epoch by data.seed; false: in file order.
     shuffle: bool = True
+    # tokens, supervised fine-tuning data (launcher.prepare --prompt-field/--response-field or --messages-field):
+    # packed, records one after another in windows of seq_len + 1 as text is (no padding wasted); padded, one record
+    # a sample, padded to seq_len (a longer record is cut). Only response tokens count either way.
+    sft_layout: str = "packed"
     # tokens: a mixture instead of one path, data.sources.NAME.path=... data.sources.NAME.weight=0.7 (train/data/
     # mixture.py): which source and window a sample reads is a pure function of its index, the weights and the seed.
     sources: dict[str, Any] = path_key(each="path")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.atomic import write_json_atomic  # noqa: F401 (imported from here by the preparation)
 from contract.errors import ConfigError
 
 FORMAT = "slurmtrain.prepared/1"
@@ -45,6 +45,10 @@ class Shard:
     tokens: int
     documents: int
     sha256: str  # hex digest of the shard file's bytes
+    # A supervised fine-tuning dataset's loss mask beside it (contract/data/sft.py): its digest and how many of the
+    # shard's tokens are response tokens. None in a plain dataset.
+    mask_sha256: str | None = None
+    response_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class Split:
     tokens: int
     documents: int
     shards: tuple[Shard, ...] = ()
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(s.response_tokens or 0 for s in self.shards)
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,8 @@ class Manifest:
     # is part of the fingerprint, which is the tokens' (other filters that choose the same files, the same data).
     selection: Mapping[str, Any] = field(default_factory=dict)
     skipped: Mapping[str, SkippedFiles] = field(default_factory=dict)
+    # Supervised fine-tuning records (contract/data/sft.py): how they were read and rendered; None: plain text.
+    sft: Mapping[str, Any] | None = None
     # Where the manifest was loaded from (not stored in the file): shard paths are relative to it.
     root: Path | None = field(default=None, compare=False)
 
@@ -99,6 +109,13 @@ class Manifest:
         """The split's shard files in stream order (absolute when the manifest was loaded from a directory)."""
         root = self.root or Path(".")
         return [root / shard.path for shard in self.split(split).shards]
+
+    def mask_files(self, split: str) -> list[Path] | None:
+        """The split's loss-mask shards beside its token shards (None: not a supervised fine-tuning dataset)."""
+        from contract.data.sft import mask_path
+
+        root = self.root or Path(".")
+        return None if self.sft is None else [root / mask_path(shard.path) for shard in self.split(split).shards]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -116,6 +133,7 @@ class Manifest:
                 for reason, s in self.skipped.items()
             },
             "fingerprint": self.fingerprint,
+            **({} if self.sft is None else {"sft": dict(self.sft)}),
         }
 
 
@@ -123,7 +141,7 @@ def _split_json(split: Split) -> dict[str, Any]:
     return {
         "tokens": split.tokens,
         "documents": split.documents,
-        "shards": [vars(s).copy() for s in split.shards],
+        "shards": [{k: v for k, v in vars(s).items() if v is not None} for s in split.shards],
     }
 
 
@@ -137,7 +155,8 @@ def dataset_fingerprint(
 ) -> str:
     """What the training side compares on resume: the tokenizer, the dtype, the end-of-document id and every
     shard's (path, tokens, sha256), in stream order. Document counts and sources do not change the tokens."""
-    shards = [[s.path, s.tokens, s.sha256] for name in SPLITS for s in splits.get(name, Split(0, 0)).shards]
+    shards = [[s.path, s.tokens, s.sha256] + ([s.mask_sha256] if s.mask_sha256 else [])
+              for name in SPLITS for s in splits.get(name, Split(0, 0)).shards]
     payload = json.dumps([tokenizer_fingerprint, dtype, eod_id, shards], separators=(",", ":"))
     return "sha256:" + hashlib.sha256(payload.encode()).hexdigest()
 
@@ -151,6 +170,7 @@ def build_manifest(
     sources: Iterable[Source],
     selection: Mapping[str, Any] | None = None,
     skipped: Iterable[tuple[str, int, str]] = (),
+    sft: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """A manifest whose split totals and fingerprint are computed from its shards, and its skipped counts from
     `skipped` ((path, bytes, reason) in input order), so that they cannot disagree."""
@@ -170,6 +190,7 @@ def build_manifest(
         fingerprint=dataset_fingerprint(tokenizer.fingerprint, dtype, eod_id, splits),
         selection=dict(selection or {}),
         skipped=_count_skipped(skipped),
+        sft=sft,
     )
 
 
@@ -181,21 +202,6 @@ def _count_skipped(skipped: Iterable[tuple[str, int, str]]) -> dict[str, Skipped
             paths.append(path)
         counts[reason] = (files + 1, total + size, paths)
     return {reason: SkippedFiles(f, b, tuple(p)) for reason, (f, b, p) in counts.items()}
-
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON to a temporary name in the same directory, flush it to disk, then rename: a reader sees the
-    old file or the whole new one, never a torn one."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=1)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
@@ -231,7 +237,9 @@ def load_manifest(directory: str | Path, check_files: bool = True) -> Manifest:
             f"`python -m launcher.prepare` command and --overwrite"
         ) from None
     if check_files:
-        _check_shard_files(manifest, path)
+        from contract.data.shard_files import check_shard_files
+
+        check_shard_files(manifest, path)
     return manifest
 
 
@@ -281,6 +289,8 @@ def _parse(raw: Any, root: Path) -> Manifest:
                 _int(s["tokens"], "shard tokens"),
                 _int(s["documents"], "shard documents"),
                 _str(s["sha256"], "shard sha256"),
+                None if s.get("mask_sha256") is None else _str(s["mask_sha256"], "shard mask_sha256"),
+                None if s.get("response_tokens") is None else _int(s["response_tokens"], "shard response_tokens"),
             )
             for s in split["shards"]
         )
@@ -322,24 +332,6 @@ def _parse(raw: Any, root: Path) -> Manifest:
         fingerprint=fingerprint,
         selection=selection,
         skipped=skipped,
+        sft=raw.get("sft"),
         root=root,
     )
-
-
-def _check_shard_files(manifest: Manifest, path: Path) -> None:
-    itemsize = manifest.np_dtype.itemsize
-    for name in SPLITS:
-        for shard, file in zip(manifest.split(name).shards, manifest.shard_files(name), strict=True):
-            try:
-                size = file.stat().st_size
-            except OSError:
-                raise ConfigError(
-                    f"{path} lists {shard.path}, which is missing: prepare the dataset again with "
-                    f"its `python -m launcher.prepare` command (it rewrites only missing shards)"
-                ) from None
-            if size != shard.tokens * itemsize:
-                raise ConfigError(
-                    f"{file} holds {size} bytes, its manifest says {shard.tokens} {manifest.dtype} "
-                    f"tokens ({shard.tokens * itemsize} bytes): prepare the dataset again with its "
-                    f"`python -m launcher.prepare` command and --overwrite"
-                ) from None

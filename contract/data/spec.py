@@ -32,6 +32,15 @@ class SourceSpec:
     dtype: str
     weight: float  # normalised over the sources
     manifest: Any = None  # contract.data.manifest.Manifest of a prepared directory, else None
+    # Supervised fine-tuning data (contract/data/sft.py): the loss-mask shards beside `files`, the split's records,
+    # and data.sft_layout (packed: windows of the stream; padded: a record a sample). None: plain tokens.
+    mask_files: tuple[Path, ...] | None = None
+    records: int = 0
+    layout: str = "packed"
+
+    @property
+    def is_sft(self) -> bool:
+        return self.mask_files is not None
 
     @property
     def tokens(self) -> int:
@@ -50,6 +59,9 @@ class SourceSpec:
         return None if self.manifest is None else int(self.manifest.eod_id)
 
     def windows(self, seq_len: int) -> int:
+        """The samples an epoch holds: windows of seq_len + 1 tokens, or (padded) records."""
+        if self.is_sft and self.layout == "padded":
+            return self.records
         return max(0, (self.tokens - 1) // seq_len)
 
 
@@ -58,7 +70,7 @@ def is_glob(path: str) -> bool:
 
 
 def resolve(path: str, key: str, dtype: str, name: str = "", weight: float = 1.0, split: str = "train",
-            on_ranks: bool = False) -> SourceSpec:
+            on_ranks: bool = False, layout: str = "packed") -> SourceSpec:
     """One source: ConfigError (one line naming the fix) when there is nothing to read at `path`; `on_ranks`: the
     launch checks passed, so a path gone missing was moved since."""
     from contract.data.manifest import MANIFEST, is_prepared_dir, load_manifest
@@ -79,8 +91,10 @@ def resolve(path: str, key: str, dtype: str, name: str = "", weight: float = 1.0
                               f"{key} at {WHERE_HINT}")
         manifest = load_manifest(where)
         chosen = manifest.split(split)
+        masks = manifest.mask_files(split)
         return SourceSpec(key, name, path, tuple(manifest.shard_files(split)), tuple(s.tokens for s in chosen.shards),
-                          manifest.dtype, weight, manifest)
+                          manifest.dtype, weight, manifest, None if masks is None else tuple(masks), chosen.documents,
+                          layout)
     if not where.exists():
         if on_ranks and not where.is_absolute():  # a config.yaml written before paths were made absolute at launch
             raise ConfigError(f"{key}={path} is not a file in {Path.cwd()} (a relative path): run this from the "
@@ -133,7 +147,8 @@ def token_sources(data_cfg: Any, split: str = "train", on_ranks: bool = False) -
         if not data_cfg.get("path"):
             raise ConfigError("data=tokens needs a token file: add data.path=/path/to/tokens.bin (a token file, a "
                               "prepared directory or a shard glob), or data.sources.NAME.path=... for a mixture")
-        return [resolve(str(data_cfg.path), "data.path", str(data_cfg.dtype), split=split, on_ranks=on_ranks)]
+        return [resolve(str(data_cfg.path), "data.path", str(data_cfg.dtype), split=split, on_ranks=on_ranks,
+                        layout=sft_layout(data_cfg))]
     if data_cfg.get("path"):
         raise ConfigError(f"data.path={data_cfg.path} and data.sources are both set: give one source with data.path "
                           "or a mixture with data.sources, not both (drop data.path)")
@@ -146,7 +161,20 @@ def token_sources(data_cfg: Any, split: str = "train", on_ranks: bool = False) -
     specs = [resolve(str(entry.get("path")), f"data.sources.{name}.path", str(data_cfg.dtype), name,
                      weights[name] / total, split, on_ranks) for name, entry in entries.items()]
     _same_tokenizer(specs)
+    sft = next((s for s in specs if s.is_sft), None)
+    if sft is not None:
+        raise ConfigError(f"{sft.key}={sft.path} is supervised fine-tuning data (a loss mask beside its tokens), and "
+                          "a mixture of it is not supported yet: train on it alone with data.path")
     return specs
+
+
+def sft_layout(data_cfg: Any) -> str:
+    """data.sft_layout (packed for a config written before the key existed), checked."""
+    from contract.data.sft import check_layout
+
+    layout = str(data_cfg.get("sft_layout") or "packed")
+    check_layout(layout)
+    return layout
 
 
 def _same_tokenizer(specs: list[SourceSpec]) -> None:

@@ -156,10 +156,11 @@ def check_sets(cfg: Any) -> None:
 def set_spec(cfg: Any, name: str, entry: dict[str, Any]) -> Any:
     """What a val or tokens set's path names (contract/data/spec.py SourceSpec): a val set's validation split, a
     tokens set's file, glob or train split; its windows(data.seq_len) are the set's samples."""
-    from contract.data.spec import resolve
+    from contract.data.spec import resolve, sft_layout
 
     split = "val" if entry["kind"] == "val" else "train"
-    return resolve(str(entry["path"]), f"eval.sets.{name}.path", str(cfg.data.dtype), split=split)
+    return resolve(str(entry["path"]), f"eval.sets.{name}.path", str(cfg.data.dtype), split=split,
+                   layout=sft_layout(cfg.data))
 
 
 def _check_tokens(cfg: Any, name: str, entry: dict[str, Any]) -> None:

@@ -37,18 +37,28 @@ def check_run_root(cfg: DictConfig) -> None:
 
 def check_token_data(cfg: DictConfig) -> None:
     """data=tokens: what data.path (or each of data.sources) points at can be trained on by this model."""
-    from contract.data.spec import token_sources
+    from contract.data.spec import sft_layout, token_sources
 
     d = cfg.data
-    if d.get("_target_"):
-        return
-    if d.name != "tokens":
-        if d.get("sources"):
+    layout = sft_layout(d)
+    padded = (f"data.sft_layout={layout} lays out supervised fine-tuning records (launcher.prepare --prompt-field/"
+              "--response-field or --messages-field), and {what} has none: drop data.sft_layout")
+    if d.get("_target_") or d.name != "tokens":
+        if d.name != "tokens" and d.get("sources") and not d.get("_target_"):
             raise ConfigError(f"data.sources mixes token data on disk, which data={d.name} does not read: add "
                               "data=tokens")
+        if layout != "packed":
+            raise ConfigError(padded.format(what=f"data.{'_target_' if d.get('_target_') else 'name'}="
+                                                 f"{d.get('_target_') or d.name}"))
         return
     for spec in token_sources(d):
         check_source(spec, int(d.seq_len), int(cfg.model.vocab_size))
+        if layout != "packed" and not spec.is_sft:
+            raise ConfigError(padded.format(what=f"{spec.key}={spec.path}"))
+        if spec.is_sft and cfg.trainer.get("max_tokens") is not None:
+            raise ConfigError(f"trainer.max_tokens={cfg.trainer.max_tokens} counts tokens, and {spec.key}={spec.path} "
+                              "is supervised fine-tuning data whose steps train a varying number of response tokens: "
+                              "give trainer.max_steps or trainer.max_epochs")
 
 
 def _netrc_has(host: str) -> bool:

@@ -10,4 +10,5 @@
     lr_schedule.py   the learning-rate schedule: refused when it can't run, described across a resume
     probe.py         asks a user's model and data (a child process) what the plan needs to know
     init_from.py     which weights the run starts from (model.init_from, a random init, its own checkpoint)
+    data_plan.py     the plan's data lines: each source's epochs, supervised fine-tuning data, small validation sets
 """

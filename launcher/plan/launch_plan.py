@@ -13,10 +13,8 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 
 from contract.errors import ConfigError
-from contract.rules.document_mask import attention_line
-from contract.rules.eval_jobs import check_eval_jobs, jobs_enabled
-from contract.rules.eval_sets import check_eval, repeat_warning, resolved_sets, set_spec
-from contract.rules.eval_sets import enabled as eval_enabled
+from contract.rules.eval_jobs import check_eval_jobs
+from contract.rules.eval_sets import check_eval
 from contract.rules.eval_sets import plan_line as eval_plan_line
 from contract.rules.keep_best import check_keep_best
 from contract.rules.optimizers import check_optim, plan_line
@@ -32,6 +30,7 @@ from launcher.plan.cross_checks import (
     _resolve_accumulation,
     count_parameters,
 )
+from launcher.plan.data_plan import data_lines, eval_set_warnings
 from launcher.plan.estimate import GB, ModelShape
 from launcher.plan.fit import Budget, Fit, budget, check_fit, scaled_lr
 from launcher.plan.init_from import normalize as normalize_init_from
@@ -48,8 +47,8 @@ from launcher.plan.parallel import (
 )
 from launcher.plan.paths import make_absolute, run_name
 from launcher.plan.probe import needs_probe, probe
-from launcher.plan.run_length import length_key, settle_length
-from launcher.plan.world import local_gpu_count, ranks_on_gpus, tasks_per_node, world_size
+from launcher.plan.run_length import settle_length
+from launcher.plan.world import local_gpu_count, tasks_per_node, world_size
 
 
 @dataclass(frozen=True)
@@ -269,49 +268,6 @@ def make_plan(cfg: DictConfig) -> Plan:
         length_line=length.line,
         **_reservation(cfg),
     )
-
-
-def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
-    """data=tokens: what the run's `samples` samples read of each source, in epochs, and a warning for each
-    source the run will read more than once, unless trainer.max_epochs asked for that (contract/data/spec.py,
-    mixture.py: the arithmetic the ranks use)."""
-    d = cfg.data
-    if d.get("_target_") or d.name != "tokens":
-        return ()
-    from contract.data.mixture import samples_per_source
-    from contract.data.spec import token_sources
-
-    specs, seq_len = token_sources(d), int(d.seq_len)
-    counts = samples_per_source([s.weight for s in specs], samples) if d.get("sources") else [samples]
-    parts, warnings = [], []
-    counted = (cfg.trainer.get("epochs_of") or "") if cfg.trainer.get("max_epochs") is not None else None
-    for spec, count in zip(specs, counts, strict=True):
-        windows = spec.windows(seq_len)
-        epochs = count / windows
-        what = (f"{spec.name} {spec.weight:.3g} = {count:,}" if spec.name else
-                f"{spec.key}={spec.path} ({spec.kind}): {count:,}")
-        parts.append(f"{what} of its {windows:,} ({epochs:.3g} epochs)")
-        if epochs > 1 and spec.name != counted:
-            warnings.append(f"warning: {spec.key.removesuffix('.path')} repeats: the run reads its {windows:,} samples "
-                            f"{epochs:.3g} times over; add data or lower {length_key(cfg)}")
-    head = f"data: {samples:,} samples of {seq_len + 1} tokens over the run: "
-    attention = [attention_line(cfg, ranks_on_gpus(cfg))] if d.get("document_mask") else []
-    return (head + "; ".join(parts), *attention, *warnings)
-
-
-def eval_set_warnings(cfg: DictConfig, global_batch: int) -> tuple[str, ...]:
-    """A warning for each val or tokens set with fewer samples than a validation pass reads (eval.batches x the
-    global batch): the words the ranks say at the first pass (contract/rules/eval_sets.py repeat_warning). A small set
-    is legal, so this is no refusal; synthetic sets are unbounded and a dataset's size is known only once built."""
-    if not eval_enabled(cfg) and not jobs_enabled(cfg):
-        return ()
-    batches, seq_len, out = int(cfg.eval.batches), int(cfg.data.seq_len), []
-    for name, entry in resolved_sets(cfg).items():
-        if entry["kind"] in ("val", "tokens"):
-            words = repeat_warning(name, set_spec(cfg, name, entry).windows(seq_len), batches, global_batch)
-            if words:
-                out.append(f"warning: {words}")
-    return tuple(out)
 
 
 def _deferred(cfg: DictConfig, check: Any, *args: Any, **kwargs: Any) -> str:

@@ -43,7 +43,8 @@ NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference
                     "optim.ns_steps": None, "optim.beta2_decay": None, "optim.clip_threshold": None,
                     "model.norm_eps": 1e-5, "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
                     "model.init_from": None,
-                    "data._target_": None, "data.args": {}, "data.sources": {}, "data.document_mask": False}
+                    "data._target_": None, "data.args": {}, "data.sources": {}, "data.sft_layout": "packed",
+                    "data.document_mask": False}
 
 
 def hashed(key: str) -> bool:

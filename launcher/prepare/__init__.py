@@ -6,6 +6,8 @@
   tokenizer.py  loading a tokenizer (a local tokenizer.json or `bytes`) and its end-of-document id
   plan.py       the preparation's identity and its tasks (deterministic groups of input files)
   shards.py     one task: read, split, tokenize, write its shards atomically, then its completion record
+  sft_records.py  supervised fine-tuning records (--prompt-field/--response-field, --messages-field): read,
+                checked, tokenized with their loss mask (written beside the shards)
   run.py        the local worker pool, resume and finalize (manifest.json written last)
   progress.py   a progress bar on a terminal, plain lines otherwise
   slurm.py      +cluster=NAME: the tasks as one SLURM CPU job array, then a finalize job

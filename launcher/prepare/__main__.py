@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from contract.data.manifest import Manifest
 from contract.errors import EXIT_BAD_INPUT, ConfigError
@@ -85,6 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         metavar="NAME",
         help="the JSON Lines field / Parquet column holding the text (default: text)",
+    )
+    p.add_argument(
+        "--prompt-field",
+        metavar="NAME",
+        help="supervised fine-tuning: JSON Lines records of a prompt (this field) and a response "
+        "(--response-field); only the response's tokens count in the loss (a loss mask beside the tokens). "
+        "Rendered as one user and one assistant turn with the tokenizer's chat template when its "
+        "tokenizer_config.json has one, else the prompt's text then the response's",
+    )
+    p.add_argument("--response-field", metavar="NAME", help="the response's field of --prompt-field records")
+    p.add_argument(
+        "--messages-field",
+        metavar="NAME",
+        help="supervised fine-tuning: JSON Lines records whose field NAME is a chat ([{\"role\": ..., "
+        "\"content\": ...}]), rendered with the tokenizer's chat template; only the assistant turns count "
+        "in the loss",
     )
     p.add_argument(
         "--text-per-line",
@@ -167,10 +185,12 @@ def _summary(manifest: Manifest, plan: Plan, written: int) -> str:
     parts = []
     for name in ("train", "val"):
         s = manifest.split(name)
-        parts.append(
-            f"{name} {_count(s.tokens, 'token')} ({_count(s.documents, 'document')}, "
-            f"{_count(len(s.shards), 'shard')})"
-        )
+        if manifest.sft is None:
+            what = f"{_count(s.tokens, 'token')} ({_count(s.documents, 'document')}"
+        else:
+            what = (f"{_count(s.tokens, 'token')} ({s.response_tokens:,} response tokens, "
+                    f"{_count(s.documents, 'record')}")
+        parts.append(f"{name} {what}, {_count(len(s.shards), 'shard')})")
     total = len(plan.tasks)
     if not written:
         how = f"already complete ({_count(total, 'task')})"
@@ -182,8 +202,15 @@ def _summary(manifest: Manifest, plan: Plan, written: int) -> str:
     return (
         f"prepared {plan.out}: {', '.join(parts)}; {how}\n"
         f"tokenizer {plan.tokenizer.describe()}; dtype {manifest.dtype}; fingerprint {manifest.fingerprint}"
+        + (f"\n{_sft_line(manifest.sft)}" if manifest.sft else "")
         + (f"\n{skipped}" if skipped else "")
     )
+
+
+def _sft_line(sft: Mapping[str, Any]) -> str:
+    how = ("rendered with the tokenizer's chat template" if sft.get("rendering") == "chat_template" else
+           "the prompt's text then the response's (the tokenizer has no chat template)")
+    return f"supervised fine-tuning records: {how}; a loss mask beside the tokens counts only the responses"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,9 +233,19 @@ def main(argv: list[str] | None = None) -> int:
             include=canonical(args.include),
             exclude=canonical(args.exclude),
             encoding_errors=args.encoding_errors,
+            prompt_field=args.prompt_field,
+            response_field=args.response_field,
+            messages_field=args.messages_field,
         )
         inputs = resolve_inputs(args.inputs, out, options.filters)
         tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
+        if args.prompt_field or args.response_field or args.messages_field:
+            from contract.data.sft import chat_template
+            from launcher.prepare.sft_records import check_sft_options
+
+            template = chat_template(tokenizer.info.path)
+            check_sft_options(options, template, args.tokenizer, inputs)
+            options = replace(options, chat_template=None if template is None else template.sha256)
         check_columns(inputs, options.read)
         plan = make_plan(out, tokenizer, options, inputs)
         if cluster is not None:

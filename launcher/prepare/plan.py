@@ -27,6 +27,7 @@ PLAN = "plan.json"
 VERSION = 2
 DEFAULT_TASK_MB = 256.0
 DEFAULT_VAL_FRACTION = 0.005
+SFT_OPTIONS = ("prompt_field", "response_field", "messages_field", "chat_template")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,22 @@ class Options:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     encoding_errors: str | None = None  # None: strict for files named one by one, skip for files found
+    # Supervised fine-tuning records (contract/data/sft.py): prompt/response fields or a messages field, and the
+    # chat template's digest when the tokenizer has one (another template, another preparation). None: plain text.
+    prompt_field: str | None = None
+    response_field: str | None = None
+    messages_field: str | None = None
+    chat_template: str | None = None
+
+    @property
+    def sft(self) -> dict[str, Any] | None:
+        """What the manifest records of supervised fine-tuning records (None: plain text)."""
+        if self.messages_field is None and self.prompt_field is None:
+            return None
+        fields = ({"messages_field": self.messages_field} if self.messages_field is not None else
+                  {"prompt_field": self.prompt_field, "response_field": self.response_field})
+        rendering = "raw" if self.chat_template is None else "chat_template"
+        return {**fields, "rendering": rendering, "chat_template": self.chat_template}
 
     @property
     def read(self) -> ReadOptions:
@@ -79,7 +96,8 @@ class Plan:
         return {
             "version": self.version,
             "tokenizer": asdict(self.tokenizer),
-            "options": asdict(self.options),
+            # the supervised fine-tuning keys only when set: a plain preparation keeps the identity it had
+            "options": {k: v for k, v in asdict(self.options).items() if v is not None or k not in SFT_OPTIONS},
             "inputs": [asdict(f) for f in self.inputs],
             "tasks": [list(t) for t in self.tasks],
         }
@@ -156,6 +174,8 @@ def difference(old: Plan, new: Plan) -> str:
         return f"it was prepared with the tokenizer {old.tokenizer.describe()}"
     for key, value in asdict(new.options).items():
         was, flag = getattr(old.options, key), "--" + key.replace("_", "-")
+        if was != value and key == "chat_template":
+            return "the tokenizer's chat template (its tokenizer_config.json) has changed since"
         if was != value:
             if isinstance(value, bool):
                 return f"it was prepared {'with' if was else 'without'} {flag}"

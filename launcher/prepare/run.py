@@ -179,6 +179,7 @@ def finalize(plan: Plan) -> Manifest:
         sources,
         plan.options.selection(),
         skipped,
+        plan.options.sft,
     )
     write_manifest(plan.out, manifest)
     return manifest

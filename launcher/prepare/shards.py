@@ -14,12 +14,15 @@ import json
 import os
 import signal
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from contract.data.manifest import SPLITS, Shard, write_json_atomic
+from contract.data.sft import RESPONSE, mask_path
 from launcher.prepare.documents import read_documents
 from launcher.prepare.inputs import InputFile, Skipped
 from launcher.prepare.plan import Plan
@@ -85,7 +88,7 @@ class ShardWriter:
         self.final = root / rel
         self.tmp = self.final.with_name(f"{self.final.name}.tmp-{os.getpid()}")
         self.sha = hashlib.sha256()
-        self.tokens = self.documents = 0
+        self.tokens = self.documents = self.responses = 0
         self.file: IO[bytes] | None = None
 
     def write(self, ids: np.ndarray, documents: int) -> None:
@@ -93,6 +96,8 @@ class ShardWriter:
             self.final.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(self.tmp, "wb")
         data = np.ascontiguousarray(ids).data.cast("B")
+        if ids.dtype == np.uint8:  # a loss mask: count its response tokens
+            self.responses += int(np.count_nonzero(ids & RESPONSE))
         self.file.write(data)
         self.sha.update(data)
         self.tokens += len(ids)
@@ -147,6 +152,53 @@ def _batches(
     yield batch, done_bytes
 
 
+Pieces = Iterator[tuple[dict[str, tuple[np.ndarray, np.ndarray | None, int]], int]]
+
+
+def _plain_pieces(files: list[InputFile], plan: Plan, counts: list[int], skipped: dict[int, str], encoder: Encoder,
+                  threshold: int, key: bytes) -> Pieces:
+    """Per batch of documents: each split's (ids with end-of-document ids, no mask, documents), input bytes done."""
+    for batch, done_bytes in _batches(files, plan, counts, skipped):
+        body, lengths = encoder.encode(batch)  # one encode call for both splits, however few go to validation
+        flags = None
+        if threshold:
+            flags = np.fromiter((is_val(t, threshold, key) for t in batch), bool, len(batch))
+        yield {split: (with_eods(ids, doc_lengths, plan.tokenizer.eod_id), None, len(doc_lengths))
+               for split, (ids, doc_lengths) in split_batch(body, lengths, flags).items()}, done_bytes
+
+
+def _sft_pieces(files: list[InputFile], plan: Plan, counts: list[int], skipped: dict[int, str], encoder: Encoder,
+                threshold: int, key: bytes) -> Pieces:
+    """Per batch of supervised fine-tuning records: each split's (ids, loss mask, records), input bytes done."""
+    from launcher.prepare.sft_records import encode_records, read_records, template_of
+
+    template = template_of(plan)
+    dtype = np.dtype(plan.tokenizer.dtype).newbyteorder("<")
+    for i, file in enumerate(files):
+        records = read_records(file, plan.options, template)
+        while chunk := list(islice(records, BATCH_DOCS)):
+            counts[i] += len(chunk)
+            val = [bool(threshold) and is_val("".join(t for t, _ in r), threshold, key) for r in chunk]
+            out: dict[str, tuple[np.ndarray, np.ndarray | None, int]] = {}
+            for split, chosen in (("train", [r for r, v in zip(chunk, val, strict=True) if not v]),
+                                  ("val", [r for r, v in zip(chunk, val, strict=True) if v])):
+                if chosen:
+                    ids, mask, _ = encode_records(chosen, encoder, plan.tokenizer.eod_id, dtype)
+                    out[split] = (ids, mask, len(chosen))
+            yield out, 0
+        yield {}, file.bytes
+
+
+def with_mask(shard: Shard | None, mask: ShardWriter | None) -> Shard | None:
+    """The token shard with its loss-mask shard's digest and response-token count (contract/data/sft.py)."""
+    if mask is None:
+        return shard
+    committed = mask.commit()
+    if shard is None or committed is None:
+        return shard
+    return replace(shard, mask_sha256=committed.sha256, response_tokens=mask.responses)
+
+
 def run_task(
     plan: Plan,
     index: int,
@@ -164,30 +216,28 @@ def run_task(
     skipped: dict[int, str] = {}
     writers = {split: ShardWriter(root, shard_name(split, index)) for split in SPLITS}
     threshold, key = val_threshold(plan.options.val_fraction), split_key(plan.options.split_seed)
-    eod_id = plan.tokenizer.eod_id
     kill_at = os.environ.get(KILL_AT_TASK_ENV)
+    masks = {split: ShardWriter(root, mask_path(shard_name(split, index))) for split in SPLITS} \
+        if plan.options.sft is not None else {}
+    pieces = (_sft_pieces if masks else _plain_pieces)(files, plan, counts, skipped, encoder, threshold, key)
     try:
-        for batch, done_bytes in _batches(files, plan, counts, skipped):
+        for parts, done_bytes in pieces:
             if should_stop is not None and should_stop():
                 raise InterruptedError("stopped")
             written = 0
-            # one encode call for both splits, however few documents go to validation
-            body, lengths = encoder.encode(batch)
-            flags = None
-            if threshold:
-                flags = np.fromiter((is_val(t, threshold, key) for t in batch), bool, len(batch))
-            for split, (ids, doc_lengths) in split_batch(body, lengths, flags).items():
-                if len(doc_lengths):
-                    stream = with_eods(ids, doc_lengths, eod_id)
-                    writers[split].write(stream, len(doc_lengths))
+            for split, (stream, mask, documents) in parts.items():
+                if documents:
+                    writers[split].write(stream, documents)
+                    if mask is not None:
+                        masks[split].write(mask, documents)
                     written += len(stream)
             if kill_at is not None and int(kill_at) == index and written:
                 os.kill(os.getpid(), signal.SIGKILL)  # a half-written shard left behind, as a real kill would
             if progress is not None:
                 progress(done_bytes, written)
-        shards = {split: writer.commit() for split, writer in writers.items()}
+        shards = {split: with_mask(writer.commit(), masks.get(split)) for split, writer in writers.items()}
     except BaseException:
-        for writer in writers.values():
+        for writer in [*writers.values(), *masks.values()]:
             writer.abort()
         raise
     record = {
@@ -219,6 +269,9 @@ def completed_record(plan: Plan, index: int, itemsize: int) -> dict[str, Any] | 
             continue
         try:
             if (Path(plan.out) / shard["path"]).stat().st_size != shard["tokens"] * itemsize:
+                return None
+            if shard.get("mask_sha256") and (Path(plan.out) / mask_path(shard["path"])).stat().st_size != \
+                    shard["tokens"]:
                 return None
         except (OSError, KeyError, TypeError):
             return None

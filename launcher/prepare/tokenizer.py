@@ -56,6 +56,9 @@ class Encoder(Protocol):
     def encode(self, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The documents' ids concatenated (the dataset's dtype) and how many each document has."""
 
+    def encode_with_specials(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """As encode, with a special token's text read as that token (a chat template's turn markers)."""
+
 
 def load_tokenizer(spec: str, eod_token: str | None = None) -> TokenizerChoice:
     """Resolve `spec` (`bytes`, a tokenizer.json or a directory holding one) and its end-of-document id; a
@@ -139,6 +142,8 @@ class BytesEncoder:
         lengths = np.fromiter(map(len, data), np.int64, len(data))
         return np.frombuffer(b"".join(data), dtype=np.uint8).astype(self.dtype), lengths
 
+    encode_with_specials = encode
+
 
 class HFEncoder:
     """encode_batch over the whole batch (the tokenizer's Rust threads), then one flat array of ids.
@@ -169,6 +174,9 @@ class HFEncoder:
         ids = [encoding.ids for encoding in tokenizer.encode_batch(documents, add_special_tokens=False)]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         return np.fromiter(chain.from_iterable(ids), self.dtype, int(lengths.sum())), lengths
+
+    def encode_with_specials(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        return self._ids(self.tokenizer, texts)
 
     def encode(self, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
         body, lengths = self._ids(self.tokenizer, documents)

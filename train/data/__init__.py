@@ -6,6 +6,7 @@ config and the seed, so a resume on any number of ranks continues exactly.
     windows.py      token files as one stream (TokenStream) and its windows as samples (WindowSource, MemmapTokens)
     index.py        the order of windows within an epoch: a keyed bijection, never materialised; INDEX_VERSION
     prepared.py     a prepared dataset's validation split as sources (its train split is read through the spec)
+    sft.py          supervised fine-tuning samples: targets IGNORE_INDEX outside responses, packed or padded
     prefetch.py     micro batches prepared off the critical path by a worker thread
     dataset.py      a user's map-style dataset (data._target_)
     batches.py      micro batches by global index (micro_batch_indices, load_micro_batch, split_sample); the

@@ -62,13 +62,19 @@ def split_sample(item: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 def load_micro_batch(source: TokenSource, indices: Sequence[int],
                      documents: bool = False) -> tuple[torch.Tensor, ...]:
-    """(inputs, targets) [micro, seq_len] of these global samples, on the CPU; sources with a `sample_batch`
-    (the synthetic stream) make the whole micro batch in one vectorised call. `documents` (data.document_mask):
-    a third tensor, each input token's document within its sample, as the source records them (forward_kwargs)."""
+    """(inputs, targets) [micro, seq_len] of these global samples, on the CPU; sources with a `micro_batch` (the
+    supervised fine-tuning samples: targets IGNORE_INDEX outside responses) or a `sample_batch` (the synthetic
+    stream) make the whole micro batch in one vectorised call. `documents` (data.document_mask): a third tensor,
+    each input token's document within its sample, as the source records them (forward_kwargs)."""
+    micro_batch = getattr(source, "micro_batch", None)
     sample_batch = getattr(source, "sample_batch", None)
-    if sample_batch is not None:
+    if micro_batch is not None:
+        inputs, targets = micro_batch(indices)
+        batch: tuple[torch.Tensor, ...] = (torch.from_numpy(np.ascontiguousarray(inputs)),
+                                           torch.from_numpy(np.ascontiguousarray(targets)))
+    elif sample_batch is not None:
         tokens = torch.from_numpy(sample_batch(indices))
-        batch: tuple[torch.Tensor, ...] = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
     else:
         pairs = [split_sample(source.sample(i)) for i in indices]
         batch = (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))

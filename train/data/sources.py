@@ -32,11 +32,11 @@ def token_source(data_cfg: Any, index_version: int = INDEX_VERSION) -> TokenSour
     """data=tokens: the windows of data.path (a token file, a prepared directory's train split, a glob of files),
     or a mixture of data.sources."""
     from contract.data.spec import token_sources
-    from train.data.windows import WindowSource, stream_of
+    from train.data.sft import source_of
 
     specs = token_sources(data_cfg, on_ranks=True)
-    windows = {s.name: WindowSource(stream_of(s), int(data_cfg.seq_len), int(data_cfg.seed), bool(data_cfg.shuffle),
-                                    s.name, index_version, what=f"{s.key}={s.path}", eod_id=s.eod_id) for s in specs}
+    windows = {s.name: source_of(s, int(data_cfg.seq_len), int(data_cfg.seed), bool(data_cfg.shuffle), index_version,
+                                 what=f"{s.key}={s.path}") for s in specs}
     if not data_cfg.get("sources"):
         return windows[""]
     from contract.data.mixture import Mixture

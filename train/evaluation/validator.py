@@ -62,7 +62,8 @@ def build_set_source(cfg: Any, entry: dict[str, Any], name: str = "") -> Any:
                                                      "seq_len": int(data.seq_len)}),
                                     key=f"eval.sets.{name}._target_")
     one = OmegaConf.create({"name": "tokens", "path": str(entry["path"]), "dtype": str(data.dtype),
-                            "seq_len": int(data.seq_len), "seed": int(data.seed), "shuffle": False, "sources": {}})
+                            "seq_len": int(data.seq_len), "seed": int(data.seed), "shuffle": False, "sources": {},
+                            "sft_layout": str(data.get("sft_layout") or "packed")})
     if kind == "val":
         from train.data.prepared import validation_sources
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from train.loss import cross_entropy
 
 
 class ZLoss:
@@ -14,7 +15,7 @@ class ZLoss:
     def losses(self, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor,
                                                                                                torch.Tensor]:
         """(cross-entropy, z-loss term) of one micro batch; `logits` in float32, shape (N, vocab)."""
-        ce = F.cross_entropy(logits, targets, ignore_index=ignore_index)
+        ce = cross_entropy(logits, targets)
         mask = (targets != ignore_index).float()
         z = self.coefficient * (torch.logsumexp(logits, dim=-1).pow(2) * mask).sum() / mask.sum().clamp(min=1)
         return ce, z

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor
 
-from train.data import IGNORE_INDEX, forward_kwargs
+from train.data import forward_kwargs
+from train.loss import cross_entropy
 
 
 def stage_layers(n_layers: int, stages: int, stage: int) -> range:
@@ -97,8 +97,7 @@ class Pipeline:
 
     @staticmethod
     def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                               ignore_index=IGNORE_INDEX)
+        return cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """One optimizer step's forward and backward over every micro batch; a loss whose world mean is the
