@@ -37,3 +37,12 @@ def write_prepared(root: Path, train: Sequence[Sequence[int]], val: Sequence[Seq
 def random_shards(seed: int, lengths: Sequence[int], vocab: int = 256) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, n) for n in lengths]
+
+
+def random_documents(seed: int, tokens: int, eod: int = 256) -> list[int]:
+    """`tokens` ids of documents of 5 to 40 byte ids, each followed by the end-of-document id, as launcher.prepare
+    writes them (the last one cut)."""
+    rng, out = np.random.default_rng(seed), []
+    while len(out) < tokens:
+        out += [*rng.integers(0, 256, int(rng.integers(5, 40))).tolist(), eod]
+    return out[:tokens]

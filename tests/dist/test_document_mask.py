@@ -13,24 +13,17 @@ import torch.multiprocessing as mp
 from launcher.run.local import free_port
 from tests.conftest import read_metrics
 from tests.dist.document_mask_workers import FIRST, train_and_compare
-from tests.prepared_data import write_prepared
+from tests.prepared_data import random_documents, write_prepared
 
 pytestmark = pytest.mark.dist
 
 EOD = 256
 
 
-def _documents(seed: int, tokens: int) -> list[int]:
-    rng, out = np.random.default_rng(seed), []
-    while len(out) < tokens:
-        out += [*rng.integers(0, 256, int(rng.integers(5, 40))).tolist(), EOD]
-    return out[:tokens]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("docmask")
-    write_prepared(root / "prep", [_documents(0, 4000)], [_documents(1, 2000)])
+    write_prepared(root / "prep", [random_documents(0, 4000)], [random_documents(1, 2000)])
     common = ["model=tiny", "model.vocab_size=257", "model.tie_embeddings=false", "data=tokens",
               f"data.path={root / 'prep'}", "trainer.global_batch_size=8", "trainer.max_steps=1",
               "trainer.ckpt_every=0", "precision=fp32", "eval.every=1", "eval.batches=1"]

@@ -16,7 +16,7 @@ from contract.data.documents import document_ids
 from contract.errors import ConfigError
 from contract.rules.document_mask import check_document_mask
 from launcher.compose import compose_and_plan, compose_config
-from tests.prepared_data import write_prepared
+from tests.prepared_data import random_documents, write_prepared
 from train.data.batches import load_micro_batch
 from train.data.sources import token_source
 from train.model import document_mask as dm
@@ -25,19 +25,11 @@ from train.model.transformer import Transformer
 EOD = 256
 
 
-def _documents(seed: int, tokens: int) -> list[int]:
-    """Documents of 5 to 40 byte ids, each followed by the end-of-document id, as launcher.prepare writes them."""
-    rng, out = np.random.default_rng(seed), []
-    while len(out) < tokens:
-        out += [*rng.integers(0, 256, int(rng.integers(5, 40))).tolist(), EOD]
-    return out[:tokens]
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("docmask")
-    write_prepared(root / "prep", [_documents(0, 3000)], [_documents(1, 1000)])
-    write_prepared(root / "other", [_documents(2, 2000)], [_documents(3, 1000)])
+    write_prepared(root / "prep", [random_documents(0, 3000)], [random_documents(1, 1000)])
+    write_prepared(root / "other", [random_documents(2, 2000)], [random_documents(3, 1000)])
     (np.arange(2000) % 256).astype(np.uint16).tofile(root / "flat.bin")
     (root / "llama").mkdir()
     (root / "llama" / "config.json").write_text(json.dumps({
