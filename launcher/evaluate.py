@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -25,20 +25,15 @@ from contract.errors import EXIT_BAD_INPUT, ConfigError
 from contract.rundir import ckpt_layout as layout
 from contract.rundir import eval_results
 from launcher import compute_seam
+from launcher.commands import CommandParser
 from launcher.export import pick_checkpoint, run_and_step
 from launcher.sample import load_config
 
 HELP = "see python -m launcher.evaluate --help"
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}: {HELP}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m launcher.evaluate", description=__doc__,
+    parser = CommandParser(prog="python -m launcher.evaluate", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint "
                         "(RUN_DIR/checkpoints/step_N)")

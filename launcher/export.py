@@ -28,6 +28,7 @@ from contract.rules.hf_export import refuse_unexportable
 from contract.rundir import ckpt_layout as layout
 from contract.rundir.hf_export import EXPORT_DIR, export_path
 from launcher import compute_seam
+from launcher.commands import CommandParser
 
 CHECKPOINTS = layout.checkpoints_root(Path()).name
 
@@ -220,7 +221,7 @@ def add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launcher.export", description=__doc__,
+    parser = CommandParser(prog="python -m launcher.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint (RUN_DIR/checkpoints/step_N)")
     add_checkpoint_choice(parser)
