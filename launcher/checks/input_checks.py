@@ -36,13 +36,17 @@ def check_run_root(cfg: DictConfig) -> None:
 
 
 def check_token_data(cfg: DictConfig) -> None:
-    """data=tokens: what data.path (or each of data.sources) points at can be trained on by this model."""
+    """data=tokens: what data.path (or each of data.sources) points at can be trained on by this model; either
+    typed without data=tokens is refused."""
     from contract.data.spec import token_sources
 
     d = cfg.data
     if d.get("_target_"):
         return
     if d.name != "tokens":
+        if d.get("path"):  # else the run trains on the synthetic stream and says nothing
+            raise ConfigError(f"data.path={d.path} is token data on disk, which data={d.name} does not read: add "
+                              "data=tokens")
         if d.get("sources"):
             raise ConfigError(f"data.sources mixes token data on disk, which data={d.name} does not read: add "
                               "data=tokens")
