@@ -1,8 +1,9 @@
-"""python -m launcher.evaluate RUN_DIR [--step N | --all] [eval.KEY=VALUE ...] [+cluster=NAME [cluster.KEY=VALUE ...]]
+"""python -m launcher.evaluate RUN_DIR [--step N | --best | --all] [eval.KEY=VALUE ...]
+    [+cluster=NAME [cluster.KEY=VALUE ...]]
 
 Evaluates a run's checkpoints after the fact: the validation sets (eval.sets, or the run's own) and the
-lm-evaluation-harness tasks (eval.harness.*) on the weights of the newest complete checkpoint, of --step N, or of
-every complete checkpoint (--all), written by any number of ranks with any strategy. It runs what an evaluation job
+lm-evaluation-harness tasks (eval.harness.*) on the weights of the newest complete checkpoint, of --step N, of the one
+that measured best (--best, as export's and sample's), or of every complete checkpoint (--all), written by any number of ranks with any strategy. It runs what an evaluation job
 runs (train/evaluation/job.py) with the run's config and these eval.* overrides: here, in one process, or with
 +cluster=NAME as one SLURM job per checkpoint (eval.job_* sizes it). Each result goes to RUN_DIR/eval/step_N.json
 (keys measured again replace theirs, the others stay) and launcher.status and launcher.report read it there.
@@ -26,7 +27,7 @@ from contract.rundir import ckpt_layout as layout
 from contract.rundir import eval_results
 from launcher import compute_seam
 from launcher.commands import CommandParser
-from launcher.export import pick_checkpoint, run_and_step
+from launcher.export import add_checkpoint_choice, pick_checkpoint, run_and_step
 from launcher.sample import load_config
 
 HELP = "see python -m launcher.evaluate --help"
@@ -37,8 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint "
                         "(RUN_DIR/checkpoints/step_N)")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
+    which = add_checkpoint_choice(parser)
     which.add_argument("--all", action="store_true", help="every complete checkpoint of the run")
     parser.add_argument("overrides", nargs="*", help="eval.KEY=VALUE (e.g. eval.harness.tasks=[TASK] "
                         "eval.harness.include_path=DIR eval.harness.limit=100), +cluster=NAME, cluster.KEY=VALUE")
@@ -107,7 +107,7 @@ def check(cfg: DictConfig) -> None:
 def checkpoints(args: argparse.Namespace) -> tuple[Path, list[layout.CheckpointDir]]:
     run_dir, step = run_and_step(args.run_dir.expanduser().resolve(), args.step)
     if not args.all:
-        return run_dir, [pick_checkpoint(run_dir, step)]
+        return run_dir, [pick_checkpoint(run_dir, step, args.best)]
     found = [c for c in layout.list_checkpoints(run_dir) if c.complete] if run_dir.is_dir() else []
     if not found:
         pick_checkpoint(run_dir, None)  # says why

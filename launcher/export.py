@@ -211,13 +211,15 @@ def tied_weights(cfg: DictConfig) -> list[list[str]]:
         return []
 
 
-def add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
-    """--step N or --best (export, sample, evaluate): which checkpoint of the run."""
+def add_checkpoint_choice(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
+    """--step N or --best (export, sample, evaluate): which checkpoint of the run; the group, for a command that
+    offers another choice besides them (evaluate's --all)."""
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
     which.add_argument("--best", action="store_true",
                        help="the complete checkpoint that measured best: by the run's checkpoint.keep_best, else its "
                        "first validation set's loss")
+    return which
 
 
 def build_parser() -> argparse.ArgumentParser:
