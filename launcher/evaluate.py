@@ -30,8 +30,6 @@ from launcher.commands import CommandParser
 from launcher.export import add_checkpoint_choice, pick_checkpoint, run_and_step
 from launcher.sample import load_config
 
-HELP = "see python -m launcher.evaluate --help"
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m launcher.evaluate", description=__doc__,
@@ -74,8 +72,11 @@ def with_overrides(cfg: DictConfig, evals: list[str], cluster: list[str]) -> Dic
     assert isinstance(out, DictConfig)
     try:
         composed = compose_config([*evals, *cluster])
-    except Exception as err:  # Hydra's override and composition errors: their first line says what is wrong
-        raise ConfigError(f"{str(err).strip().splitlines()[0]}: {HELP}") from None
+    except Exception as err:  # Hydra's override and composition errors, worded as `python -m launcher` words them
+        from launcher.checks.hydra_errors import one_line
+
+        text = str(err) + (f"\n{err.__cause__}" if err.__cause__ is not None else "")
+        raise ConfigError(one_line(text).removeprefix("error: ")) from None
     check_keys(composed)
     with open_dict(out):
         for text in evals:
