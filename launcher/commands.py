@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+from typing import NoReturn
+
+from contract.errors import EXIT_BAD_INPUT
 
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("launcher.prepare", "turn a corpus (text, JSON Lines, Parquet) into token shards, locally or as a SLURM array"),
@@ -17,6 +21,15 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("launcher.export", "a checkpoint as one safetensors file or a verified Hugging Face directory"),
     ("launcher.evaluate", "validation sets and lm-evaluation-harness tasks on a run's checkpoints"),
 )
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Every command's parser: a bad flag is one `error:` line naming the fix, exit 2 (argparse's own prints the
+    usage first and prefixes the program's name; tests/unit/test_command_flags.py)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}: see {self.prog} --help", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 def build_parser(module: str) -> argparse.ArgumentParser:

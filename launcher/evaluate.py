@@ -1,8 +1,9 @@
-"""python -m launcher.evaluate RUN_DIR [--step N | --all] [eval.KEY=VALUE ...] [+cluster=NAME [cluster.KEY=VALUE ...]]
+"""python -m launcher.evaluate RUN_DIR [--step N | --best | --all] [eval.KEY=VALUE ...]
+    [+cluster=NAME [cluster.KEY=VALUE ...]]
 
 Evaluates a run's checkpoints after the fact: the validation sets (eval.sets, or the run's own) and the
-lm-evaluation-harness tasks (eval.harness.*) on the weights of the newest complete checkpoint, of --step N, or of
-every complete checkpoint (--all), written by any number of ranks with any strategy. It runs what an evaluation job
+lm-evaluation-harness tasks (eval.harness.*) on the weights of the newest complete checkpoint, of --step N, of the one
+that measured best (--best, as export's and sample's), or of every complete checkpoint (--all), written by any number of ranks with any strategy. It runs what an evaluation job
 runs (train/evaluation/job.py) with the run's config and these eval.* overrides: here, in one process, or with
 +cluster=NAME as one SLURM job per checkpoint (eval.job_* sizes it). Each result goes to RUN_DIR/eval/step_N.json
 (keys measured again replace theirs, the others stay) and launcher.status and launcher.report read it there.
@@ -17,7 +18,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -25,25 +26,17 @@ from contract.errors import EXIT_BAD_INPUT, ConfigError
 from contract.rundir import ckpt_layout as layout
 from contract.rundir import eval_results
 from launcher import compute_seam
-from launcher.export import pick_checkpoint, run_and_step
+from launcher.commands import CommandParser
+from launcher.export import add_checkpoint_choice, pick_checkpoint, run_and_step
 from launcher.sample import load_config
-
-HELP = "see python -m launcher.evaluate --help"
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}: {HELP}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m launcher.evaluate", description=__doc__,
+    parser = CommandParser(prog="python -m launcher.evaluate", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint "
                         "(RUN_DIR/checkpoints/step_N)")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
+    which = add_checkpoint_choice(parser)
     which.add_argument("--all", action="store_true", help="every complete checkpoint of the run")
     parser.add_argument("overrides", nargs="*", help="eval.KEY=VALUE (e.g. eval.harness.tasks=[TASK] "
                         "eval.harness.include_path=DIR eval.harness.limit=100), +cluster=NAME, cluster.KEY=VALUE")
@@ -79,8 +72,11 @@ def with_overrides(cfg: DictConfig, evals: list[str], cluster: list[str]) -> Dic
     assert isinstance(out, DictConfig)
     try:
         composed = compose_config([*evals, *cluster])
-    except Exception as err:  # Hydra's override and composition errors: their first line says what is wrong
-        raise ConfigError(f"{str(err).strip().splitlines()[0]}: {HELP}") from None
+    except Exception as err:  # Hydra's override and composition errors, worded as `python -m launcher` words them
+        from launcher.checks.hydra_errors import one_line
+
+        text = str(err) + (f"\n{err.__cause__}" if err.__cause__ is not None else "")
+        raise ConfigError(one_line(text).removeprefix("error: ")) from None
     check_keys(composed)
     with open_dict(out):
         for text in evals:
@@ -112,7 +108,7 @@ def check(cfg: DictConfig) -> None:
 def checkpoints(args: argparse.Namespace) -> tuple[Path, list[layout.CheckpointDir]]:
     run_dir, step = run_and_step(args.run_dir.expanduser().resolve(), args.step)
     if not args.all:
-        return run_dir, [pick_checkpoint(run_dir, step)]
+        return run_dir, [pick_checkpoint(run_dir, step, args.best)]
     found = [c for c in layout.list_checkpoints(run_dir) if c.complete] if run_dir.is_dir() else []
     if not found:
         pick_checkpoint(run_dir, None)  # says why

@@ -28,6 +28,7 @@ from contract.rules.hf_export import refuse_unexportable
 from contract.rundir import ckpt_layout as layout
 from contract.rundir.hf_export import EXPORT_DIR, export_path
 from launcher import compute_seam
+from launcher.commands import CommandParser
 
 CHECKPOINTS = layout.checkpoints_root(Path()).name
 
@@ -210,17 +211,19 @@ def tied_weights(cfg: DictConfig) -> list[list[str]]:
         return []
 
 
-def add_checkpoint_choice(parser: argparse.ArgumentParser) -> None:
-    """--step N or --best (export, sample, evaluate): which checkpoint of the run."""
+def add_checkpoint_choice(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
+    """--step N or --best (export, sample, evaluate): which checkpoint of the run; the group, for a command that
+    offers another choice besides them (evaluate's --all)."""
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest complete)")
     which.add_argument("--best", action="store_true",
                        help="the complete checkpoint that measured best: by the run's checkpoint.keep_best, else its "
                        "first validation set's loss")
+    return which
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launcher.export", description=__doc__,
+    parser = CommandParser(prog="python -m launcher.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint (RUN_DIR/checkpoints/step_N)")
     add_checkpoint_choice(parser)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.checks.overrides import override_key
+from launcher.commands import CommandParser
 from launcher.observe.figures import (
     METRICS,
     SMOOTHING,
@@ -139,7 +140,7 @@ def smoothing_weight(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launcher.report", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m launcher.report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="a run directory, a sweep directory or a run.root")
     parser.add_argument("--overlay", type=Path, metavar="OUT",
                         help="draw the runs of every DIR together (loss.png and tokens_per_s.png, one line per run) "

@@ -20,24 +20,14 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
 from contract.data.run_tokenizer import BYTES, RunTokenizer, run_tokenizer
 from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher import compute_seam
+from launcher.commands import CommandParser
 from launcher.export import add_checkpoint_choice, pick_checkpoint, run_and_step
-
-HELP = "see python -m launcher.sample --help"
-
-
-class Parser(argparse.ArgumentParser):
-    """A bad flag is one `error:` line, exit 2 (argparse's own prints the usage first)."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}: {HELP}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
 
 
 def parse_ids(text: str, vocab_size: int) -> list[int]:
@@ -152,7 +142,7 @@ def sample(args: argparse.Namespace) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m launcher.sample", description=__doc__,
+    parser = CommandParser(prog="python -m launcher.sample", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="the run directory (RUN_ROOT/RUN_NAME), or one checkpoint (RUN_DIR/checkpoints/step_N)")
     add_checkpoint_choice(parser)

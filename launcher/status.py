@@ -19,6 +19,7 @@ from typing import Any
 
 from contract.errors import EXIT_BAD_INPUT, ConfigError
 from contract.rundir import eval_results, harness_scores, hf_export, metrics_file, validation_log
+from launcher.commands import CommandParser
 from launcher.observe.ranking import SweepRanking, rank_runs
 from launcher.observe.run_rows import Row, collect, describe_best, total
 from launcher.observe.runs import Target, find_runs
@@ -169,7 +170,7 @@ def preparation(path: Path, as_json: bool, every_s: float | None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
     parser.add_argument("dir", nargs="?", default=".", type=Path,
                         help="a run directory, a sweep directory, a run.root or a prepared dataset directory "
                         "(default: .)")

@@ -105,7 +105,8 @@ def check_harness(cfg: Any, standalone: bool = False) -> None:
     tokenizer, why = run_tokenizer(cfg.data)
     if tokenizer is None:
         raise ConfigError(f"eval.harness.tasks need the run's tokenizer (tasks are text) and there is none: {why}; "
-                          "train on a prepared dataset (python -m launcher.prepare ... --tokenizer T, data.path=DIR)")
+                          "train on a prepared dataset (python -m launcher.prepare ... --tokenizer T, data=tokens "
+                          "data.path=DIR)")
     include = section(cfg).get("include_path")
     if include and not Path(str(include)).is_dir():
         raise ConfigError(f"eval.harness.include_path={include} is not a directory: give the directory that holds "

@@ -143,6 +143,9 @@ def one_line(text: str) -> str:
         return f"error: {lines[0]}: drop that ~ override"
     if merging and len(lines) > 1:
         key = merging.group(1).split("=", 1)[0].lstrip("+~")
+        if "is not a ListConfig" in lines[1] and "=" in merging.group(1):
+            value = merging.group(1).split("=", 1)[1]
+            return f"error: {merging.group(1)} is one value and {key} takes a list: write {key}=[{value}]"
         return f"error: {merging.group(1)}: {lines[1]}: give {key} a value of its type"
     if "LexerNoViableAltException" in joined and "~" in joined:
         return ("error: Hydra's override grammar reads ~ as a deletion: quote a path that starts with ~ "

@@ -36,7 +36,8 @@ def check_run_root(cfg: DictConfig) -> None:
 
 
 def check_token_data(cfg: DictConfig) -> None:
-    """data=tokens: what data.path (or each of data.sources) points at can be trained on by this model."""
+    """data=tokens: what data.path (or each of data.sources) points at can be trained on by this model; either
+    typed without data=tokens is refused."""
     from contract.data.spec import sft_layout, token_sources
 
     d = cfg.data
@@ -44,7 +45,10 @@ def check_token_data(cfg: DictConfig) -> None:
     padded = (f"data.sft_layout={layout} lays out supervised fine-tuning records (launcher.prepare --prompt-field/"
               "--response-field or --messages-field), and {what} has none: drop data.sft_layout")
     if d.get("_target_") or d.name != "tokens":
-        if d.name != "tokens" and d.get("sources") and not d.get("_target_"):
+        if not d.get("_target_") and d.get("path"):  # else the run trains on the synthetic stream and says nothing
+            raise ConfigError(f"data.path={d.path} is token data on disk, which data={d.name} does not read: add "
+                              "data=tokens")
+        if not d.get("_target_") and d.get("sources"):
             raise ConfigError(f"data.sources mixes token data on disk, which data={d.name} does not read: add "
                               "data=tokens")
         if layout != "packed":

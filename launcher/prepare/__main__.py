@@ -12,10 +12,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from contract.data.manifest import Manifest
 from contract.errors import EXIT_BAD_INPUT, ConfigError
+from launcher.commands import CommandParser
 from launcher.prepare.inputs import ENCODING_ERRORS
 from launcher.prepare.plan import DEFAULT_TASK_MB, DEFAULT_VAL_FRACTION, Options, Plan, make_plan
 from launcher.prepare.pool import AUTO_MB_PER_WORKER, cpu_count
@@ -24,14 +25,8 @@ from launcher.prepare.run import skipped_line
 EXIT_INTERRUPTED = 130
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}: see `python -m launcher.prepare --help`", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CommandParser(
         prog="python -m launcher.prepare",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

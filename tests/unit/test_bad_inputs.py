@@ -218,6 +218,8 @@ CASES = [
          "prepared with different tokenizers (big, vocabulary 300; bytes, vocabulary 257)"),
     Case("mixture-data-group", ("data.sources.a.path=tokens.bin",), "data.sources mixes token data on disk, which "
                                                                     "data=synthetic does not read: add data=tokens"),
+    Case("path-data-group", ("data.path=prepared_bytes",), "my project's dir/prepared_bytes is token data on disk, "
+                                                          "which data=synthetic does not read: add data=tokens"),
     # -- learning-rate schedules (contract/rules/schedules.py, launcher/plan/lr_schedule.py) ------------------------------------
     Case("schedule-choice", ("optim.schedule=cosin",), "optim.schedule=cosin is not one of cosine, linear, constant, "
                                                        "wsd, inverse_sqrt: set optim.schedule=cosine"),

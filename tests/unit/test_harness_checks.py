@@ -63,6 +63,7 @@ def test_a_run_without_a_tokenizer_is_refused(files: dict[str, Path]) -> None:
                  f"run.root={hq(root)}")
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "eval.harness.tasks need the run's tokenizer" in out.stderr and "synthetic" in out.stderr
+    assert "data=tokens data.path=DIR" in out.stderr  # data.path alone is refused: the fix must name the group
     assert not root.exists()
 
 

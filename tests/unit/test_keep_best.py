@@ -122,6 +122,20 @@ def test_best_picks_the_measured_best_and_names_it(tmp_path: Path, capsys: pytes
     assert "by the first validation set's loss: step 10, val/val/loss 2.0000" in capsys.readouterr().err
 
 
+def test_evaluate_takes_best_as_export_and_sample_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`launcher.evaluate RUN --best` (issue 30, item 5) was refused as an unrecognized argument."""
+    from launcher.evaluate import build_parser, checkpoints
+
+    run = fake_run(tmp_path / "r", (10, 20, 30), keep_best="val/val/loss", val__val__loss={10: 3.0, 20: 2.0, 30: 2.5})
+    run_dir, chosen = checkpoints(build_parser().parse_args([str(run), "--best"]))
+    assert (run_dir, [c.step for c in chosen]) == (run, [20])
+    assert "step 20, val/val/loss 2.0000" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args([str(run), "--best", "--all"])
+    assert stop.value.code == 2
+    assert "argument --all: not allowed with argument --best" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("losses, words", [
     ({}, "has no validation loss (checkpoint.keep_best unset, no eval.every): pick one with --step N"),
     ({"val__val__loss": {5: 1.0}}, "none of the complete checkpoints of"),

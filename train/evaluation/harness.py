@@ -23,7 +23,10 @@ import torch.distributed as dist
 from contract.errors import ConfigError
 from contract.rules import harness as rules
 
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+# DISABLE_MULTIPROC: lm_eval's bootstrap_stderr (perplexity, f1, bleu, median, ... stderrs) otherwise forks a
+# multiprocessing.Pool from the rank's process, whose other threads may hold a lock at the fork: the forked worker
+# waits on it for ever, and the rank with it (tests/unit/test_harness_bootstrap.py).
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "DISABLE_MULTIPROC": "1"}
 
 
 def go_offline() -> None:
