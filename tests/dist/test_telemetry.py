@@ -109,7 +109,7 @@ def test_profile_default_writes_chrome_traces_and_prints_top_operators(run_root:
 def test_telemetry_off_adds_nothing_and_a_profile_window_past_the_end_says_so(run_root: Path) -> None:
     rows = _run(run_root, "off", "local.nproc=1", "trainer.max_steps=3", "telemetry.enabled=false", "+profile=default")
     # The training fields and the stability counts (not telemetry): no per-phase times, no throughput breakdown.
-    assert [sorted(r) for r in rows] == [["grad_norm", "loss", "lr", "skipped_steps", "spikes", "step", "time", "tokens",
+    assert [sorted(r) for r in rows] == [["grad_norm", "loss", "loss_avg", "lr", "skipped_steps", "spikes", "step", "time", "tokens",
                                           "tokens_per_s"]] * 2
     log = (run_root / "off" / "logs" / "rank_0.log").read_text()
     assert "profiler recorded nothing" in log and not list((run_root / "off").glob("profile/*.json"))

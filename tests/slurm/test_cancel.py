@@ -107,4 +107,6 @@ def test_scancel_of_an_array_task_then_of_the_array_whose_rank_dies_of_it_is_not
     _cancel_once_training(tasks[1], runs[1], array_id)
     for task, run_dir in zip(tasks, runs, strict=True):
         cancelled = _assert_cancelled_for_good(task, run_dir)
-        assert "peer" in cancelled["error"], cancelled  # rank 0 failed of the lost connection, and said so
+        # Rank 0 fails of the lost connection and says so, unless the cancel reached it first and its stop was
+        # agreed before rank 1 died (SLURM signals the two nodes' tasks a moment apart): either way a cancel.
+        assert "peer" in cancelled.get("error", "peer"), cancelled
