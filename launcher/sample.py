@@ -62,8 +62,10 @@ def prompt_ids(args: argparse.Namespace, tokenizer: RunTokenizer | None, why_non
     if args.tokens is not None:
         return parse_ids(args.tokens, vocab_size)
     if tokenizer is None:
-        raise ConfigError(f"--prompt needs the run's tokenizer, and {run_dir} has none ({why_none}): give the "
-                          "prompt as token ids with --tokens 1,2,3")
+        raise ConfigError(f"--prompt needs the run's tokenizer, and {run_dir} has none ({why_none}): name one with "
+                          "--tokenizer T (bytes, a tokenizer.json or its directory)"
+                          + ("" if getattr(args, "chat", False) else ", or give the prompt as token ids with --tokens "
+                             "1,2,3"))
     if not args.prompt:
         raise ConfigError("--prompt is empty: give some text to continue")
     ids = tokenizer.encode(chat_prompt(args.prompt, tokenizer) if args.chat else args.prompt)
@@ -80,7 +82,7 @@ def chat_prompt(text: str, tokenizer: RunTokenizer) -> str:
     template = chat_template(tokenizer.path)
     if template is None:
         raise ConfigError(f"--chat renders the prompt with the tokenizer's chat template, and {tokenizer.name} has "
-                          "none (no chat_template in a tokenizer_config.json beside its tokenizer.json): drop --chat, "
+                          "none (no chat_template.jinja, nor a chat_template in a tokenizer_config.json, beside its tokenizer.json): drop --chat, "
                           "or give --tokenizer DIR whose tokenizer_config.json has one")
     try:
         return template.prompt(text)

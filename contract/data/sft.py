@@ -5,8 +5,8 @@ launcher.sample renders prompts with it, the ranks read the masks it describes.
 A record is a list of (text, is_response) segments, each tokenized on its own (so a prompt's tokens never merge
 with its response's, and the prompt a user gives launcher.sample encodes as training saw it); the end-of-document
 id after the record counts as a response token (it teaches the model to end its answer). A chat is rendered with
-the tokenizer's chat template (tokenizer_config.json's `chat_template`, Jinja as Hugging Face renders it): each
-assistant turn is what the template adds between the conversation rendered up to it with the generation prompt
+the tokenizer's chat template (chat_template.jinja or tokenizer_config.json's `chat_template`, Jinja as Hugging
+Face renders it): each assistant turn is what the template adds between the conversation rendered up to it with the generation prompt
 and the conversation rendered with it. A prompt/response record is a one-turn chat when the tokenizer has a
 template, else the prompt's text followed by the response's.
 
@@ -87,16 +87,25 @@ def _compiled(template: str) -> Any:
 
 
 def chat_template(tokenizer_json: str | None) -> ChatTemplate | None:
-    """The chat template of the tokenizer_config.json beside a tokenizer.json (None: bytes, no such file, or no
-    `chat_template` in it). A template list (Hugging Face's named templates) gives its `default`."""
+    """The chat template beside a tokenizer.json, found as transformers finds it: a chat_template.jinja file
+    (what save_pretrained writes since transformers 4.49), else tokenizer_config.json's `chat_template` (a
+    template list, Hugging Face's named templates, gives its `default`). None: bytes, or neither holds one. The
+    special tokens come from tokenizer_config.json."""
     if tokenizer_json is None:
         return None
-    config = Path(tokenizer_json).parent / "tokenizer_config.json"
+    directory = Path(tokenizer_json).parent
+    config, jinja = directory / "tokenizer_config.json", directory / "chat_template.jinja"
     try:
         raw = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    template = raw.get("chat_template") if isinstance(raw, dict) else None
+        raw = {}
+    raw = raw if isinstance(raw, dict) else {}
+    source, template = config, raw.get("chat_template")
+    if jinja.is_file():
+        try:
+            source, template = jinja, jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            pass
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
@@ -107,7 +116,7 @@ def chat_template(tokenizer_json: str | None) -> ChatTemplate | None:
         value = raw.get(key)
         value = value.get("content") if isinstance(value, dict) else value
         tokens[key] = value if isinstance(value, str) else ""
-    return ChatTemplate(str(config), template, tokens)
+    return ChatTemplate(str(source), template, tokens)
 
 
 def _text(record: dict[str, Any], field: str, what: str) -> str:

@@ -43,7 +43,7 @@ def check_sft_options(options: Options, template: ChatTemplate | None, tokenizer
         raise ConfigError(f"prompt/response records need both fields: add {missing} NAME")
     if options.messages_field is not None and template is None:
         raise ConfigError(f"--messages-field renders chats with the tokenizer's chat template, and {tokenizer_name} "
-                          "has none (no chat_template in a tokenizer_config.json beside its tokenizer.json): add "
+                          "has none (no chat_template.jinja, nor a chat_template in a tokenizer_config.json, beside its tokenizer.json): add "
                           "one, or give --prompt-field/--response-field records")
     if options.text_per_line or options.text_field != "text":
         raise ConfigError(f"--text-field and --text-per-line read plain text, not {FLAGS} records: drop them")

@@ -100,7 +100,8 @@ def test_prompt_needs_a_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[
     data = {k: v.format(flat=flat, root=tmp_path) for k, v in data.items()}
     run_dir = fake_run(tmp_path, data)
     err = refused(capsys, tmp_path, str(run_dir), "--prompt", "ab")
-    assert reason.format(root=tmp_path) in err and "give the prompt as token ids with --tokens 1,2,3" in err
+    assert reason.format(root=tmp_path) in err and "name one with --tokenizer T" in err
+    assert "give the prompt as token ids with --tokens 1,2,3" in err
 
 
 def test_bytes_tokenizer_round_trip(bytes_run: Path) -> None:

@@ -253,3 +253,21 @@ def test_document_masking_of_packed_chats_takes_records_not_end_of_turn_ids(
     padded = build_source(data_cfg(tmp_path / "chat", "padded", seq_len), 20)
     _, _, documents = load_micro_batch(padded, [0, 1], documents=True)
     assert documents.unique().tolist() == [0]
+
+
+def test_a_chat_template_jinja_file_is_the_template_as_save_pretrained_writes_it(
+        tmp_path: Path, tok: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """transformers' save_pretrained writes the template to chat_template.jinja, not into tokenizer_config.json:
+    prepared from such a directory, the records are rendered as from the key (not as raw prompt + response)."""
+    from tests.sft_data import TEMPLATE
+
+    own = write_tokenizer(tmp_path / "saved tok", template=None)
+    (own / "chat_template.jinja").write_text(TEMPLATE)
+    write_records(tmp_path / "pairs.jsonl", [{"p": "shift: ab", "r": "bc"}, {"p": "shift: ca", "r": "db"}])
+    for name, tokenizer in (("key", tok), ("file", own)):
+        prepare(capsys, str(tmp_path / "pairs.jsonl"), "--out", str(tmp_path / name), "--tokenizer", str(tokenizer),
+                "--prompt-field", "p", "--response-field", "r")
+    assert load_manifest(tmp_path / "file").sft["rendering"] == "chat_template"  # type: ignore[index]
+    for (ids_key, mask_key), (ids_file, mask_file) in zip(records_of(tmp_path / "key"), records_of(tmp_path / "file"),
+                                                          strict=True):
+        assert ids_key.tolist() == ids_file.tolist() and mask_key.tolist() == mask_file.tolist()
