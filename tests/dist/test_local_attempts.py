@@ -18,9 +18,9 @@ from typing import IO, Any
 import pytest
 
 from contract.errors import EXIT_KILLED, EXIT_STOPPED
+from contract.rundir import ckpt_layout as layout
 from contract.rundir.events import read_events
 from tests.conftest import ROOT, hq, launch, launcher_env
-from contract.rundir import ckpt_layout as layout
 
 pytestmark = pytest.mark.dist
 
