@@ -15,10 +15,10 @@ TEST_WORKERS ?= 2
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-install: ## install slurmtrain (editable) with its dev, docs, deepspeed, hf and eval extras
+install: ## install slurmtrain (editable) with its dev, docs, deepspeed, hf, eval and fp8 extras
 	$(PIP) install $(TORCH_SPEC)
 	# compat: a path entry rather than an import hook, so Hydra's plugin scan finds hydra_plugins/ (sweeps)
-	$(PIP) install --config-settings editable_mode=compat -e '.[dev,docs,deepspeed,hf,eval]'
+	$(PIP) install --config-settings editable_mode=compat -e '.[dev,docs,deepspeed,hf,eval,fp8]'
 
 test: ## run every test tier this machine supports (unit, dist, slurm when `make slurm-up` ran, gpu with CUDA)
 	$(PYTEST) tests -q --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
