@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-dist test-slurm test-gpu gpu-check lint docs bench bench-quick slurm-install slurm-up slurm-down clean
+.PHONY: help install test test-unit test-dist test-slurm test-gpu gpu-check lint docs bench bench-quick slurm-install slurm-up slurm-down sshd-install sshd-up sshd-down clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -60,6 +60,15 @@ slurm-up: slurm-install ## bring up a local SLURM cluster (controller, accountin
 
 slurm-down: ## tear the local SLURM cluster down
 	bash scripts/slurm/down.sh
+
+sshd-install: ## install Debian's openssh-server (and rsync) for the local login node of the remote tests
+	bash scripts/sshd/install.sh
+
+sshd-up: sshd-install ## start a local login node: sshd on 127.0.0.1:16022 with a test key, in front of the SLURM cluster
+	PYTHON=$(PYTHON) bash scripts/sshd/up.sh
+
+sshd-down: ## stop the local login node's sshd
+	bash scripts/sshd/down.sh
 
 clean: ## remove caches and local outputs
 	rm -rf outputs multirun site .pytest_cache .ruff_cache .mypy_cache
