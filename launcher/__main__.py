@@ -57,6 +57,12 @@ def _compose_once() -> None:
 
 
 def main() -> None:
+    if any(arg.startswith(("+remote=", "remote=", "remote.")) for arg in sys.argv[1:]):
+        from launcher.run.remote.launch import forward
+
+        code = forward(sys.argv[1:])  # the same command on a cluster's login node (launcher/run/remote/)
+        if code is not None:
+            sys.exit(code)
     outlive_terminal()  # a closed pipe or terminal (`| head`, a dropped SSH session) neither stops nor fails a run
     register()
     _compose_once()

@@ -157,6 +157,10 @@ def describe(run_dir: Path, step: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from launcher.run.remote.commands import forward_or_none
+
+    if (remote_code := forward_or_none("launcher.evaluate", argv)) is not None:  # +remote=NAME or NAME:PATH
+        return remote_code
     args = build_parser().parse_intermixed_args(argv)  # overrides before or after the flags
     try:
         return evaluate(args)

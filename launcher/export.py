@@ -241,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from launcher.run.remote.commands import forward_or_none
+
+    if (remote_code := forward_or_none("launcher.export", argv)) is not None:  # +remote=NAME or NAME:PATH
+        return remote_code
     args = build_parser().parse_args(argv)
     try:
         if args.format != "hf" and (args.max_shard_size is not None or args.no_verify):

@@ -26,6 +26,7 @@ from contract.config.operations import (
     TelemetryConfig,
     WatchdogConfig,
 )
+from contract.config.remote import RemoteConfig
 from contract.config.training import (
     DataConfig,
     ModelConfig,
@@ -40,7 +41,7 @@ __all__ = [
     "Config", "SEED_MAX", "num", "path_key", "ModelConfig", "DataConfig", "OptimConfig", "StrategyConfig",
     "ParallelConfig", "PrecisionConfig", "TrainerConfig", "RunConfig", "CheckpointConfig", "LocalConfig",
     "LoggerConfig", "LauncherConfig", "TelemetryConfig", "WatchdogConfig", "ProfileConfig", "ClusterConfig",
-    "EvalConfig", "StabilityConfig",
+    "EvalConfig", "StabilityConfig", "RemoteConfig",
 ]
 
 
@@ -64,3 +65,5 @@ class Config:
     stability: StabilityConfig = field(default_factory=StabilityConfig)
     cluster: ClusterConfig | None = None
     profile: ProfileConfig | None = None
+    # +remote=NAME never reaches a composed config: the command runs on that login node (launcher/run/remote/).
+    remote: RemoteConfig | None = None

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import OmegaConfDumper
 
 from contract.errors import ConfigError
+from contract.remote_snapshot import DIFF_FILE, snapshot_diff, snapshot_record
 from launcher.plan.launch_plan import Plan
 from launcher.run.rundir_paths import CLEARED_BY_OVERWRITE, check_writable
 
@@ -114,6 +115,12 @@ def _prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None, plan: Plan 
         f.write(replay_command(argv[1:]) + "\n")
     info = {"python": sys.version.split()[0], "packages": _versions(), "git_revision": _git_revision(),
             "launch_dir": os.getcwd()}
+    snapshot = snapshot_record()  # launched on a cluster from a +remote snapshot: which one, of which commit
+    if snapshot is not None:
+        info["snapshot"] = snapshot
+        diff = snapshot_diff()
+        if diff:
+            (run_dir / DIFF_FILE).write_text(diff)
     (run_dir / "environment.json").write_text(json.dumps(info, indent=2) + "\n")
     if plan is not None:
         write_plan(run_dir, plan)

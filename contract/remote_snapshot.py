@@ -1,0 +1,89 @@
+"""A project snapshot on a cluster (`+remote`): WORKDIR/snapshots/ID/, a copy of the user's project directory
+that never changes once made, and the manifest both sides read.
+
+    ID            the first 16 hex digits of the SHA-256 of the file list (path, executable bit and SHA-256 of
+                  each file, in path order): the same content is the same snapshot, copied once
+    MANIFEST      ID/.slurmtrain-snapshot.json, written last (its presence marks a complete snapshot):
+                  {"format": 1, "id", "created", "source" (the local directory), "git" ({"commit", "dirty",
+                  "diff"} or null outside a git tree), "files": [{"path", "size", "sha256", "executable"}]}
+    outputs       ID/outputs -> ../../outputs: run.root's default lands in WORKDIR/outputs, shared by snapshots
+
+The launcher runs in ID/ on the cluster, so a job (and its requeues) imports the code it was submitted with;
+the run directory's environment.json names the snapshot and commit (`snapshot_record`) and snapshot.diff holds
+the uncommitted changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+MANIFEST = ".slurmtrain-snapshot.json"
+SNAPSHOTS = "snapshots"
+OUTPUTS = "outputs"
+DIFF_FILE = "snapshot.diff"
+
+# Never shipped, git tree or not: secrets (keys, .env files, credentials) and what is not code (version control,
+# caches, virtual environments, run outputs, trackers' local files).
+SECRET_EXCLUDE = (".env", ".env.*", "*.env", "*.pem", "*.key", "*.p12", "id_rsa*", "id_dsa*", "id_ecdsa*",
+                  "id_ed25519*", ".ssh", ".netrc", ".pypirc", ".git-credentials", "credentials*", ".aws", ".gnupg")
+DEFAULT_EXCLUDE = SECRET_EXCLUDE + (
+    ".git", ".hg", ".svn", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+    ".ipynb_checkpoints", "node_modules", "*.egg-info", "outputs", "multirun", "wandb", "lightning_logs",
+    "mlruns", ".DS_Store", MANIFEST)
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    path: str  # relative, with /
+    size: int
+    sha256: str
+    executable: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "executable": self.executable}
+
+
+def snapshot_id(files: Iterable[SnapshotFile]) -> str:
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        digest.update(f"{f.path}\0{int(f.executable)}\0{f.sha256}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def manifest(files: list[SnapshotFile], source: str, git: dict[str, Any] | None, created: str) -> dict[str, Any]:
+    return {"format": FORMAT, "id": snapshot_id(files), "created": created, "source": source, "git": git,
+            "files": [f.to_json() for f in sorted(files, key=lambda f: f.path)]}
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of the snapshot DIRECTORY is, or None (not a snapshot, or an unreadable one)."""
+    try:
+        data = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def snapshot_record(launch_dir: str | None = None) -> dict[str, Any] | None:
+    """What a run directory records of the snapshot it was launched from: {"id", "path", "git_commit",
+    "git_dirty", "source"}; None when the launcher runs outside a snapshot (on the user's own checkout)."""
+    here = Path(launch_dir or os.getcwd())
+    data = read_manifest(here)
+    if data is None:
+        return None
+    git = data.get("git") or {}
+    return {"id": data.get("id"), "path": str(here), "git_commit": git.get("commit"), "git_dirty": git.get("dirty"),
+            "source": data.get("source")}
+
+
+def snapshot_diff(launch_dir: str | None = None) -> str:
+    """The snapshot's uncommitted changes (git diff HEAD) as taken, '' when none or not a snapshot."""
+    data = read_manifest(Path(launch_dir or os.getcwd()))
+    return str(((data or {}).get("git") or {}).get("diff") or "")

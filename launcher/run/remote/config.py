@@ -1,0 +1,77 @@
+"""`+remote=NAME` found in a command line and read: conf/remote/NAME.yaml in the user's --config-dir or in
+slurmtrain's conf/, typed by contract/config/remote.py, with `remote.KEY=VALUE` overrides; what is left of the
+command line is what runs on the login node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from contract.config.remote import RemoteConfig
+from contract.errors import ConfigError
+
+CONF = Path(__file__).resolve().parents[3] / "conf"
+GROUP = "remote"
+_SELECT = ("+remote=", "remote=")
+_CONFIG_DIR = ("--config-dir", "-cd")
+
+
+@dataclass
+class RemoteArgs:
+    name: str
+    overrides: list[str]  # remote.KEY=VALUE, applied to the remote's config
+    rest: list[str]  # the command line without the remote's own arguments
+    config_dir: str | None
+
+
+def split_args(argv: list[str]) -> RemoteArgs | None:
+    """The remote's arguments of a `python -m launcher` command line; None without `+remote=`."""
+    name, overrides, rest, config_dir = None, [], [], None
+    for i, arg in enumerate(argv):
+        if arg.startswith(_SELECT):
+            name = arg.split("=", 1)[1]
+            continue
+        if arg.startswith("remote."):
+            overrides.append(arg)
+            continue
+        if arg in _CONFIG_DIR and i + 1 < len(argv):
+            config_dir = argv[i + 1]
+        elif arg.startswith("--config-dir="):
+            config_dir = arg.split("=", 1)[1]
+        rest.append(arg)
+    if name is None:
+        if overrides:
+            raise ConfigError(f"{overrides[0]} sets a remote's key, and no remote is chosen: add +remote=NAME")
+        return None
+    return RemoteArgs(name, overrides, rest, config_dir)
+
+
+def yaml_path(name: str, config_dir: str | None) -> Path:
+    dirs = ([Path(config_dir).expanduser()] if config_dir else []) + [CONF]
+    for d in dirs:
+        path = d / GROUP / f"{name}.yaml"
+        if path.is_file():
+            return path
+    known = sorted({p.stem for d in dirs for p in (d / GROUP).glob("*.yaml")})
+    where = " or ".join(str(d / GROUP) for d in dirs)
+    raise ConfigError(f"no remote named {name!r} in {where} (known: {', '.join(known) or 'none'}): write "
+                      f"{GROUP}/{name}.yaml in your --config-dir (docs/remote.md)")
+
+
+def load(name: str, config_dir: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RemoteConfig:
+    path = yaml_path(name, config_dir)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RemoteConfig), OmegaConf.load(path),
+                                 OmegaConf.from_dotlist([o.removeprefix("remote.") for o in overrides]),
+                                 {"name": name})
+        if OmegaConf.is_missing(merged, "host"):
+            raise ConfigError(f"{path} sets no host: add `host: LOGIN_NODE` (a name or an alias of ~/.ssh/config)")
+        remote = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        said = str(err).splitlines()[0]
+        raise ConfigError(f"remote {name} ({path}): {said}; see contract/config/remote.py for its keys") from None
+    assert isinstance(remote, RemoteConfig)
+    return remote

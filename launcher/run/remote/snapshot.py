@@ -1,0 +1,165 @@
+"""The project directory as a content-addressed snapshot (contract/remote_snapshot.py): which files, their hashes,
+the size limit, and the copy with rsync over the open connection (only when the cluster lacks that snapshot).
+
+A git work tree ships its tracked files plus the untracked ones git does not ignore; any other directory ships
+every file less DEFAULT_EXCLUDE. Secrets (SECRET_EXCLUDE) and remote.exclude are left out of both.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contract.config.remote import RemoteConfig
+from contract.errors import ConfigError
+from contract.remote_snapshot import (
+    DEFAULT_EXCLUDE,
+    MANIFEST,
+    OUTPUTS,
+    SECRET_EXCLUDE,
+    SNAPSHOTS,
+    SnapshotFile,
+    manifest,
+)
+from launcher.run.remote.ssh import Connection
+
+MB = 1024 * 1024
+
+
+@dataclass
+class Snapshot:
+    project: Path
+    files: list[SnapshotFile]
+    git: dict[str, Any] | None
+    manifest: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.manifest["id"])
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def take(project: Path, remote: RemoteConfig) -> Snapshot:
+    """Hash the project's files; a project over remote.max_snapshot_mb is refused, naming what made it big."""
+    git = _git_files(project)
+    excluded = (SECRET_EXCLUDE + (MANIFEST, OUTPUTS) if git is not None else DEFAULT_EXCLUDE) + tuple(remote.exclude)
+    paths = git if git is not None else _walk(project, excluded)
+    kept = sorted(p for p in paths if not _excluded(p, excluded))
+    sizes = {p: (project / p).lstat().st_size for p in kept if (project / p).is_file() or (project / p).is_symlink()}
+    _check_size(project, sizes, remote)
+    files = [_file(project, p) for p in sizes]
+    git_info = _git_state(project, set(sizes)) if git is not None else None
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return Snapshot(project, files, git_info, manifest(files, str(project), git_info, created))
+
+
+def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
+    parts = path.split("/")
+    return any(fnmatch.fnmatch(path, pat) or any(fnmatch.fnmatch(part, pat) for part in parts) for pat in patterns)
+
+
+def _walk(project: Path, excluded: tuple[str, ...]) -> list[str]:
+    found: list[str] = []
+    for root, dirs, names in os.walk(project):
+        rel = Path(root).relative_to(project)
+        dirs[:] = [d for d in dirs if not _excluded((rel / d).as_posix(), excluded)]
+        found += [(rel / n).as_posix() for n in names]
+    return found
+
+
+def _git(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, check=False)
+
+
+def _git_files(project: Path) -> list[str] | None:
+    """Tracked files plus untracked ones git does not ignore, below PROJECT; None outside a git work tree."""
+    try:
+        inside = _git(project, "rev-parse", "--is-inside-work-tree")
+    except OSError:
+        return None
+    if inside.returncode or inside.stdout.strip() != "true":
+        return None
+    out = _git(project, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    return [p for p in dict.fromkeys(out.stdout.split("\0")) if p]
+
+
+def _git_state(project: Path, shipped: set[str]) -> dict[str, Any]:
+    """The commit and the uncommitted changes of what is shipped: `git diff HEAD`, and whether untracked files
+    (shipped, but in no diff) make it differ from the commit too."""
+    commit = _git(project, "rev-parse", "HEAD").stdout.strip() or None
+    diff = _git(project, "diff", "HEAD", "--", ".").stdout if commit else ""
+    untracked = set(_git(project, "ls-files", "-z", "--others", "--exclude-standard").stdout.split("\0")) & shipped
+    return {"commit": commit, "dirty": bool(diff or untracked or not commit), "diff": diff}
+
+
+def _file(project: Path, rel: str) -> SnapshotFile:
+    path = project / rel
+    if path.is_symlink():  # shipped as the link it is (rsync -l): its target text is its content
+        target = os.readlink(path).encode()
+        return SnapshotFile(rel, len(target), hashlib.sha256(b"link:" + target).hexdigest(), False)
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(MB), b""):
+            digest.update(block)
+    stat = path.stat()
+    return SnapshotFile(rel, stat.st_size, digest.hexdigest(), bool(stat.st_mode & 0o111))
+
+
+def _check_size(project: Path, sizes: dict[str, int], remote: RemoteConfig) -> None:
+    total = sum(sizes.values())
+    if total <= remote.max_snapshot_mb * MB:
+        return
+    by_top: Counter[str] = Counter()
+    for path, size in sizes.items():
+        top, _, rest = path.partition("/")
+        by_top[top + ("/" if rest else "")] += size
+    biggest = ", ".join(f"{name} ({size / MB:.0f} MB)" for name, size in by_top.most_common(3))
+    raise ConfigError(f"the project directory {project} is {total / MB:.0f} MB, over remote.max_snapshot_mb="
+                      f"{remote.max_snapshot_mb:g}: most of it is {biggest}; leave data and checkpoints out (a "
+                      ".gitignore entry or remote.exclude) and point data.path at the cluster's copy, or raise "
+                      "remote.max_snapshot_mb")
+
+
+def remote_dir(remote: RemoteConfig, snapshot_id: str) -> str:
+    return f"{remote.workdir.rstrip('/')}/{SNAPSHOTS}/{snapshot_id}"
+
+
+def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig) -> None:
+    """rsync the files into WORKDIR/snapshots/.incoming-ID-PID, write the manifest, link outputs, and move it to
+    WORKDIR/snapshots/ID in one rename (a snapshot that another copy finished first is kept, ours dropped)."""
+    snaps = f"{remote.workdir.rstrip('/')}/{SNAPSHOTS}"
+    incoming = f".incoming-{snapshot.id}-{os.getpid()}"
+    with tempfile.NamedTemporaryFile("wb", suffix=".files") as listing:
+        listing.write(b"\0".join(f.path.encode() for f in snapshot.files))
+        listing.flush()
+        # -s: paths with spaces survive the remote shell; -rlpt: no owner or group (the cluster's user owns it).
+        out = subprocess.run(["rsync", "-rlpt", "-s", "--from0", f"--files-from={listing.name}",
+                              "-e", conn.rsync_shell(), f"{snapshot.project}/",
+                              f"{remote.host}:{snaps}/{incoming}/"],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    if out.returncode:
+        said = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ConfigError(f"copying the project to {remote.host}:{snaps} failed ({said}): check that rsync is "
+                          "installed there and that remote.workdir is writable")
+    q = shlex.quote
+    finish = (f"cd {q(snaps)} && cat > {q(incoming)}/{MANIFEST} && ln -sfn ../../{OUTPUTS} {q(incoming)}/{OUTPUTS} "
+              f"&& if [ -e {q(snapshot.id)}/{MANIFEST} ]; then rm -rf {q(incoming)}; "
+              f"else rm -rf {q(snapshot.id)} && mv -T {q(incoming)} {q(snapshot.id)}; fi")
+    done = conn.run(finish, capture=True, stdin=json.dumps(snapshot.manifest, indent=1) + "\n")
+    if done.returncode:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ConfigError(f"the snapshot {snapshot.id} could not be completed on {remote.host} ({said}): check "
+                          "that remote.workdir is writable")
