@@ -1,0 +1,139 @@
+"""`+remote=test` through a real OpenSSH server (make sshd-up) to the local cluster, from a "laptop" directory: the
+job runs the snapshot it was submitted with, one login serves the session, status and report bring results here,
+a snapshot is copied once, and each failure is one line, exit 2, with nothing submitted."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from contract.remote_snapshot import MANIFEST
+from tests.conftest import launcher_env
+from tests.slurm.helpers import queued_jobs_named, submitted_job_id, wait_terminal
+from tests.slurm.remote_helpers import authentications, make_laptop, remote_yaml, require_login_node
+
+pytestmark = pytest.mark.slurm
+
+PROJECT = ["--config-dir", "conf", "model=conv_lm", "data=chars", "+cluster=my_cluster", "cluster.nodes=1",
+           "trainer.max_steps=4", "logger.backend=none"]
+
+
+@pytest.fixture(scope="module")
+def laptop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, dict[str, str]]]:
+    require_login_node()
+    project, workdir = make_laptop(tmp_path_factory.mktemp("laptop"))
+    # A private socket directory (short: sockets have a path limit): this module's first command logs in.
+    control = tempfile.mkdtemp(prefix="st-ssh-")
+    env = {"SLURMTRAIN_SSH_CONTROL_DIR": control, "WANDB_API_KEY": "local-secret"}
+    yield project, workdir, env
+    subprocess.run(["ssh", "-F", str(remote_yaml(workdir)["ssh_config"]), "-o", f"ControlPath={control}/%C",
+                    "-O", "exit", "slurmtrain-sshd"], capture_output=True, check=False)
+    shutil.rmtree(control, ignore_errors=True)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(project: Path, env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=project, env=launcher_env(**env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def snapshots(workdir: Path) -> list[Path]:
+    return sorted(p for p in (workdir / "snapshots").glob("*") if (p / MANIFEST).is_file())
+
+
+def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tuple[Path, Path, dict]) -> None:
+    project, workdir, env = laptop
+    logins_before = authentications()
+    original = (project / "model.py").read_text()
+    out = run(project, env, "-m", "launcher", *PROJECT, "run.name=laptop_run", "+remote=test")
+    assert out.returncode == 0, out.stderr[-3000:]
+    # The job runs the snapshot: an edit made here right after submission (one that breaks the model) can't reach it.
+    (project / "model.py").write_text("raise SystemExit('the edited model.py ran')\n")
+    job_id = submitted_job_id(out.stdout + out.stderr)
+    snap_id = re.search(r"snapshot (\w+) copied", out.stderr).group(1)  # type: ignore[union-attr]
+    assert [p.name for p in snapshots(workdir)] == [snap_id]
+    assert (workdir / "snapshots" / snap_id / "model.py").read_text() == original
+    shipped = [f["path"] for f in json.loads((workdir / "snapshots" / snap_id / MANIFEST).read_text())["files"]]
+    assert "model.py" in shipped and ".env" not in shipped  # secrets stay here
+    assert wait_terminal(job_id) == "COMPLETED"
+    environment = json.loads((workdir / "outputs" / "laptop_run" / "environment.json").read_text())
+    commit = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert environment["snapshot"]["id"] == snap_id
+    assert environment["snapshot"]["git_commit"] == commit.stdout.strip()
+    assert "local-secret" not in (workdir / "outputs" / "laptop_run" / "config.yaml").read_text()
+
+    # The same project again (the edit undone): the snapshot is on the cluster already, not copied.
+    (project / "model.py").write_text(original)
+    again = run(project, env, "-m", "launcher", *PROJECT, "run.name=laptop_dry", "launcher.dry_run=true",
+                "+remote=test")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"snapshot {snap_id} already on" in again.stderr
+    assert [p.name for p in snapshots(workdir)] == [snap_id]
+
+    # Results here: the status table on this terminal, the report's PNGs in this directory.
+    status = run(project, env, "-m", "launcher.status", "+remote=test", "--config-dir", "conf", "outputs")
+    assert status.returncode == 0, status.stderr
+    row = next(line.split() for line in status.stdout.splitlines() if line.startswith("laptop_run"))
+    assert row[1:4] == [job_id, "COMPLETED", "4/4"]
+    report = run(project, env, "-m", "launcher.report", "--config-dir", "conf", "test:outputs/laptop_run")
+    assert report.returncode == 0, report.stderr
+    png = project / "outputs" / "laptop_run" / "loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"here: {png}" in report.stdout
+
+    # One login for the whole session: two submissions, the copy, status and report.
+    assert authentications() - logins_before == 1
+
+
+def _refused(project: Path, env: dict[str, str], run_name: str, *args: str) -> str:
+    out = run(project, env, "-m", "launcher", *PROJECT, f"run.name={run_name}", *args)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert queued_jobs_named(run_name) == []
+    return lines[0]
+
+
+def test_each_failure_is_one_line_exit_2_and_nothing_submitted(laptop: tuple[Path, Path, dict],
+                                                               tmp_path: Path) -> None:
+    project, workdir, env = laptop
+    fresh = {**env, "SLURMTRAIN_SSH_CONTROL_DIR": tempfile.mkdtemp(prefix="st-ssh-")}  # no open connection
+    remotes = project / "conf" / "remote"
+    ssh_config = Path(remote_yaml(workdir)["ssh_config"])
+    # A key the login node does not know, in an ssh config of its own.
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "wrong_key")], check=True)
+    wrong_config = tmp_path / "ssh_config"
+    wrong_config.write_text(re.sub(r"IdentityFile .*", f"IdentityFile {tmp_path / 'wrong_key'}",
+                                   ssh_config.read_text()))
+    # A slurmtrain of another version: a dist-info ahead of the real one on the remote's PYTHONPATH.
+    fake = tmp_path / "other_version"
+    (fake / "slurmtrain-0.0.1.dist-info").mkdir(parents=True)
+    (fake / "slurmtrain-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: slurmtrain\n"
+                                                                  "Version: 0.0.1\n")
+    base = remote_yaml(workdir)
+    cases = {
+        "wrongkey": ({"ssh_config": str(wrong_config)}, "refused the login (root@127.0.0.1: Permission denied"),
+        "nopython": ({"python": "/usr/bin/python3", "setup": []}, "slurmtrain is missing on the login node"),
+        "oldversion": ({"setup": [f"export PYTHONPATH={fake}:{base['setup'][0].split('=', 1)[1]}",
+                                  base["setup"][1]]}, "is version 0.0.1, here it is"),
+    }
+    for name, (changes, _) in cases.items():
+        (remotes / f"{name}.yaml").write_text(yaml.safe_dump(remote_yaml(workdir, **changes)))
+    before = snapshots(workdir), sorted((workdir / "outputs").glob("*")) if (workdir / "outputs").exists() else []
+    line = _refused(project, fresh, "unreachable", "+remote=test", "remote.port=1")
+    assert "is unreachable (ssh: connect to host 127.0.0.1 port 1: Connection refused)" in line
+    for name, (_, expected) in cases.items():
+        assert expected in _refused(project, fresh, name, f"+remote={name}")
+    big = _refused(project, fresh, "big", "+remote=test", "remote.max_snapshot_mb=0.01")
+    assert "over remote.max_snapshot_mb=0.01: most of it is corpus.txt" in big
+    after = snapshots(workdir), sorted((workdir / "outputs").glob("*")) if (workdir / "outputs").exists() else []
+    assert after == before  # no snapshot copied, no run directory made
