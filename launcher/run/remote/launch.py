@@ -29,7 +29,7 @@ def forward(argv: list[str]) -> int | None:
         else:
             snapshot.ship(snap, session.conn, remote)
             print(f"remote {remote.name}: snapshot {snap.id} copied to {remote.host} ({len(snap.files)} files, "
-                  f"{snap.size / 1024:.0f} KB)", file=sys.stderr)
+                  f"{snapshot.size_text(snap.size)})", file=sys.stderr)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -15,7 +15,7 @@ from launcher.run.remote.ssh import SSH_FAILED, Connection
 
 _SETUP_OK, _HAVE, _VERSION, _WORKDIR = "@slurmtrain-setup-ok", "@slurmtrain-have-snapshot", "@slurmtrain-version", \
     "@slurmtrain-workdir"
-_PROBE = ("import importlib.metadata as m, os, launcher\n"
+_PROBE = ("import importlib.metadata as m, launcher, contract.config.schema\n"
           "try:\n    v = m.version('slurmtrain')\nexcept m.PackageNotFoundError:\n    v = 'unknown'\n"
           f"print({_VERSION!r}, v)\n")
 MISSING_PYTHON = 127

@@ -126,15 +126,19 @@ def _check_size(project: Path, sizes: dict[str, int], remote: RemoteConfig) -> N
     for path, size in sizes.items():
         top, _, rest = path.partition("/")
         by_top[top + ("/" if rest else "")] += size
-    biggest = ", ".join(f"{name} ({size / MB:.0f} MB)" for name, size in by_top.most_common(3))
-    raise ConfigError(f"the project directory {project} is {total / MB:.0f} MB, over remote.max_snapshot_mb="
+    biggest = ", ".join(f"{name} ({size_text(size)})" for name, size in by_top.most_common(3))
+    raise ConfigError(f"the project directory {project} is {size_text(total)}, over remote.max_snapshot_mb="
                       f"{remote.max_snapshot_mb:g}: most of it is {biggest}; leave data and checkpoints out (a "
                       ".gitignore entry or remote.exclude) and point data.path at the cluster's copy, or raise "
                       "remote.max_snapshot_mb")
 
 
-def remote_dir(remote: RemoteConfig, snapshot_id: str) -> str:
-    return f"{remote.workdir.rstrip('/')}/{SNAPSHOTS}/{snapshot_id}"
+def size_text(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
 
 
 def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig) -> None:

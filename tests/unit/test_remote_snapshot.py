@@ -1,0 +1,137 @@
+"""+remote without a login node: what a snapshot ships and its id, the size refusal, the remote's arguments and
+config, ssh's options (launcher/run/remote/). The real sshd: tests/slurm/test_remote.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from contract.config.remote import RemoteConfig
+from contract.errors import ConfigError
+from contract.remote_snapshot import snapshot_record
+from launcher.run.remote import commands, config, launch, snapshot
+from launcher.run.remote.ssh import Connection
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def _paths(project: Path, **keys: object) -> list[str]:
+    return [f.path for f in snapshot.take(project, RemoteConfig(name="t", host="h", **keys)).files]  # type: ignore[arg-type]
+
+
+PROJECT = {"train.py": "print(1)\n", "pkg/model.py": "x = 1\n", ".env": "KEY=secret\n", "keys/id_ed25519": "k",
+           "outputs/run/metrics.jsonl": "{}\n", "pkg/__pycache__/model.cpython-311.pyc": "b", "wandb/run/x": "w",
+           "data/big.bin": "0" * 5000, "notes.pem": "p"}
+
+
+def test_a_directory_ships_every_file_less_the_default_excludes(tmp_path: Path) -> None:
+    _write(tmp_path, PROJECT)
+    assert _paths(tmp_path) == ["data/big.bin", "pkg/model.py", "train.py"]
+    assert _paths(tmp_path, exclude=["data"]) == ["pkg/model.py", "train.py"]
+
+
+def test_a_git_tree_ships_tracked_and_unignored_files_never_secrets(tmp_path: Path) -> None:
+    _write(tmp_path, {**PROJECT, ".gitignore": "data/\n", "new.py": "untracked\n"})
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@e", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-f", "train.py", "pkg/model.py", ".env", ".gitignore"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    # Tracked (less the tracked .env), plus untracked files git does not ignore; data/ is ignored.
+    assert ".env" not in _paths(tmp_path)
+    assert set(_paths(tmp_path)) >= {".gitignore", "new.py", "pkg/model.py", "train.py"}
+    assert not any(p.startswith(("data/", "outputs/", "keys/")) or p == "notes.pem" for p in _paths(tmp_path))
+    (tmp_path / "train.py").write_text("print(2)\n")
+    snap = snapshot.take(tmp_path, RemoteConfig(name="t", host="h"))
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert snap.git is not None and snap.git["commit"] == head and snap.git["dirty"]
+    assert "+print(2)" in snap.git["diff"]
+
+
+def test_the_id_is_the_content(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b dir"
+    _write(a, {"train.py": "x\n", "m.py": "y\n"})
+    _write(b, {"train.py": "x\n", "m.py": "y\n"})
+    remote = RemoteConfig(name="t", host="h")
+    assert snapshot.take(a, remote).id == snapshot.take(b, remote).id
+    (b / "m.py").write_text("z\n")
+    assert snapshot.take(a, remote).id != snapshot.take(b, remote).id
+    (b / "m.py").write_text("y\n")
+    (b / "m.py").chmod(0o755)
+    assert snapshot.take(a, remote).id != snapshot.take(b, remote).id
+
+
+def test_a_project_over_the_limit_names_what_made_it_big(tmp_path: Path) -> None:
+    _write(tmp_path, {"train.py": "x\n", "ckpt/a.bin": "0" * 30_000, "ckpt/b.bin": "0" * 30_000,
+                      "corpus.txt": "0" * 20_000})
+    with pytest.raises(ConfigError, match=r"is 78.1 KB, over remote.max_snapshot_mb=0.05: most of it is ckpt/ "
+                                          r"\(58.6 KB\), corpus.txt \(19.5 KB\)"):
+        snapshot.take(tmp_path, RemoteConfig(name="t", host="h", max_snapshot_mb=0.05))
+
+
+def test_the_manifest_names_the_snapshot_in_the_run_directory(tmp_path: Path) -> None:
+    _write(tmp_path, {"train.py": "x\n"})
+    snap = snapshot.take(tmp_path, RemoteConfig(name="t", host="h"))
+    import json
+
+    (tmp_path / ".slurmtrain-snapshot.json").write_text(json.dumps(snap.manifest))
+    assert snapshot_record(str(tmp_path)) == {"id": snap.id, "path": str(tmp_path), "git_commit": None,
+                                              "git_dirty": None, "source": str(tmp_path)}
+    assert snapshot_record(str(tmp_path / "nowhere")) is None
+
+
+def test_the_remote_arguments_are_taken_out_and_the_rest_runs_there(tmp_path: Path) -> None:
+    _write(tmp_path, {"conf/remote/mine.yaml": "host: login\nport: 2222\nsetup: ['module load x']\n"})
+    args = config.split_args(["-m", "--config-dir", str(tmp_path / "conf"), "+remote=mine", "remote.user=me",
+                              "model.args.dim=32,64", "hydra/sweeper=search"])
+    assert args is not None and args.name == "mine" and args.overrides == ["remote.user=me"]
+    assert args.rest == ["-m", "--config-dir", str(tmp_path / "conf"), "model.args.dim=32,64", "hydra/sweeper=search"]
+    remote = config.load(args.name, args.config_dir, args.overrides)
+    assert (remote.host, remote.port, remote.user, remote.setup) == ("login", 2222, "me", ["module load x"])
+    assert config.split_args(["model=tiny"]) is None
+    assert launch._relative_config_dir(["--config-dir", str(tmp_path / "conf")], tmp_path) == ["--config-dir", "conf"]
+    with pytest.raises(ConfigError, match="outside the project directory"):
+        launch._relative_config_dir(["--config-dir=/etc"], tmp_path)
+
+
+def test_a_bad_remote_is_one_line(tmp_path: Path) -> None:
+    _write(tmp_path, {"remote/typo.yaml": "host: h\nprot: 22\n", "remote/nohost.yaml": "user: me\n"})
+    with pytest.raises(ConfigError, match=r"remote typo \(.*typo.yaml\): Key 'prot' not in 'RemoteConfig'"):
+        config.load("typo", str(tmp_path))
+    with pytest.raises(ConfigError, match="sets no host"):
+        config.load("nohost", str(tmp_path))
+    with pytest.raises(ConfigError, match="no remote named 'nosuch'.*known: .*nohost, typo"):
+        config.load("nosuch", str(tmp_path))
+
+
+def test_commands_take_name_colon_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path, {"conf/remote/mine.yaml": "host: login\n"})
+    monkeypatch.chdir(tmp_path)
+    assert commands._remote_args(["--config-dir", "conf", "mine:outputs/r", "--json"]) == (
+        "mine", ["outputs/r", "--json"], "conf", [])
+    assert commands._remote_args(["other:outputs"]) is None  # not a remote: left to the command
+    assert commands._local_path("/w/snapshots/abc/outputs/r/loss.png", "/w") == tmp_path / "outputs/r/loss.png"
+    assert commands._local_path("outputs/r/loss.png", "/w") == tmp_path / "outputs/r/loss.png"
+    assert commands._local_path("/elsewhere/r/loss.png", "/w") == tmp_path / "r/loss.png"
+
+
+def test_ssh_shares_a_connection_unless_the_users_config_has_its_own(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMTRAIN_SSH_CONTROL_DIR", str(tmp_path / "cm"))
+    plain = tmp_path / "plain"
+    plain.write_text("Host login\n  HostName 10.0.0.1\n")
+    ours = Connection(RemoteConfig(name="t", host="login", port=2222, jump="bastion", ssh_config=str(plain))).base()
+    assert ours[:7] == ["ssh", "-F", str(plain), "-p", "2222", "-J", "bastion"]
+    assert f"ControlPath={tmp_path / 'cm' / '%C'}" in ours and "ControlMaster=auto" in ours
+    assert (tmp_path / "cm").stat().st_mode & 0o777 == 0o700
+    theirs = tmp_path / "theirs"
+    theirs.write_text("Host login\n  ControlMaster auto\n  ControlPath ~/.ssh/cm-%C\n  ControlPersist 1h\n")
+    assert not any(o.startswith("ControlPath") for o in Connection(
+        RemoteConfig(name="t", host="login", ssh_config=str(theirs))).base())
+    # Nothing of the local environment is asked to be sent.
+    assert not any("SendEnv" in o or "SetEnv" in o for o in ours)
