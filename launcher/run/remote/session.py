@@ -59,8 +59,8 @@ class Session:
               if snapshot_id else []),
             f"{q(self.remote.python)} -c {q(_PROBE)}"])
         out = self.conn.run(script, capture=True)
-        said = dict(line.split(" ", 1) if " " in line else (line, "") for line in out.stdout.splitlines()
-                    if line.startswith("@slurmtrain-"))
+        said = {key: value for key, _, value in (line.partition(" ") for line in out.stdout.splitlines())
+                if key.startswith("@slurmtrain-")}
         last_err = (out.stderr.strip().splitlines() or ["no message"])[-1].strip()
         name = self.remote.name
         if out.returncode == SSH_FAILED and _SETUP_OK not in said:
