@@ -90,7 +90,13 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"here: {png}" in report.stdout
 
-    # One login for the whole session: two submissions, the copy, status and report.
+    # An export with --pull, built from the run's own snapshot (its model.py is the project's), lands here too.
+    export = run(project, env, "-m", "launcher.export", "--config-dir", "conf", "test:outputs/laptop_run", "--pull")
+    assert export.returncode == 0, export.stderr
+    pulled = project / "outputs" / "laptop_run" / "export" / "step_4.safetensors"
+    assert f"here: {pulled}" in export.stdout and pulled.stat().st_size > 0
+
+    # One login for the whole session: two submissions, the copy, status, report and export.
     assert authentications() - logins_before == 1
 
 

@@ -18,6 +18,8 @@ from launcher.run.remote.session import Session
 # What each command brings back: the files it prints (report: one PNG a line) or the path it prints last (export).
 _PULLED_ALWAYS = {"launcher.report"}
 _PULL_FLAG = "--pull"
+# Commands that build a run's model: its snapshot's modules must import (a project's own model.py).
+_RUN_CODE = {"launcher.export", "launcher.sample", "launcher.evaluate"}
 
 
 def forward(module: str, argv: list[str]) -> int | None:
@@ -38,7 +40,7 @@ def forward(module: str, argv: list[str]) -> int | None:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     capture = module in _PULLED_ALWAYS or pull
-    code, stdout = session.run_python(module, args, capture=capture,
+    code, stdout = session.run_python(module, args, capture=capture, run_code=module in _RUN_CODE,
                                       tty=not capture and sys.stdin.isatty() and sys.stdout.isatty())
     if code or not capture:
         return code

@@ -19,6 +19,12 @@ _PROBE = ("import importlib.metadata as m, launcher, contract.config.schema\n"
           "try:\n    v = m.version('slurmtrain')\nexcept m.PackageNotFoundError:\n    v = 'unknown'\n"
           f"print({_VERSION!r}, v)\n")
 MISSING_PYTHON = 127
+# The snapshot a run was launched from (its environment.json), for each argument that is a run or checkpoint dir.
+_RUN_SNAPSHOT = ("import json, sys\nfrom pathlib import Path\nfor a in sys.argv[1:]:\n"
+                 "    for d in (Path(a), Path(a).parent.parent):\n        try:\n"
+                 "            s = json.loads((d / 'environment.json').read_text()).get('snapshot') or {}\n"
+                 "        except (OSError, ValueError):\n            continue\n"
+                 "        if s.get('path'):\n            print(s['path'])\n            sys.exit()\n")
 
 
 def local_version() -> str:
@@ -84,10 +90,16 @@ class Session:
         return _HAVE in said
 
     def run_python(self, module: str, args: list[str], cwd_below: tuple[str, ...] = (), capture: bool = False,
-                   tty: bool = False) -> tuple[int, str]:
+                   tty: bool = False, run_code: bool = False) -> tuple[int, str]:
         """`PYTHON -m MODULE ARGS` in WORKDIR (or below it), after the setup; its exit code and, with capture, its
-        standard output (also echoed here as it comes)."""
-        script = "\n".join([self._prelude(), self._cd(*cwd_below),
+        standard output (also echoed here as it comes). run_code: the snapshot of the run an argument names goes
+        first on PYTHONPATH."""
+        code_of_run = []
+        if run_code:  # the run's own modules (a project's model.py) are importable as when it was launched
+            find = shlex.join([self.remote.python, "-c", _RUN_SNAPSHOT, *args])
+            code_of_run = [f"snap=$({find} 2>/dev/null) || snap=",
+                           'if [ -n "$snap" ]; then export PYTHONPATH="$snap${PYTHONPATH:+:$PYTHONPATH}"; fi']
+        script = "\n".join([self._prelude(), self._cd(*cwd_below), *code_of_run,
                             "exec " + shlex.join([self.remote.python, "-m", module, *args])])
         if not capture:
             done = self.conn.run(script, tty=tty)
