@@ -5,7 +5,9 @@ Both sides import it; it imports neither of them, nor torch, deepspeed, wandb or
 
     errors.py   ConfigError (one line that names the fix) and the exit codes every process agrees on
     atomic.py   JSON files written whole or not at all
-    config/     the config contract: the schema dataclasses that declare every key, close-key suggestions
+    remote_snapshot.py   a project snapshot on a cluster (+remote): its id, manifest, default excludes
+    config/     the config contract: the schema dataclasses that declare every key (remote.py: +remote=NAME),
+                close-key suggestions
     rundir/     the run directory's files, read and written by both sides: events, metrics, accounting,
                 checkpoint layout and markers, evaluation results, skipped samples, environment failures
     data/       the prepared-dataset format (manifest, fingerprints), the data-source spec and its checks,

@@ -18,7 +18,8 @@ What a user or a job types, and the foundations everything imports, are at the t
     terminal.py   standard output and error that outlive a closed terminal (the launcher's and the ranks')
     checks/       refusals before anything runs: keys, inputs, cluster, Hydra's errors, resuming a run directory
     plan/         the launch plan: world size, layout, memory, strategy, learning rate, budget, weights
-    run/          where a run goes and how it starts: dispatch, local workers, SLURM, the run directory, eval jobs
+    run/          where a run goes and how it starts: dispatch, local workers, SLURM, the run directory, eval jobs,
+                  a login node over SSH (run/remote/: +remote=NAME)
     sweeps/       `-m` sweeps as SLURM job arrays (the Hydra launcher plugin)
     observe/      what runs leave behind, read for status and report: runs, their rows, validation losses
     docs/         the documentation site's generated parts (make docs): references, a showcase run, MkDocs hooks

@@ -7,6 +7,7 @@
                       SLURM's verdict on evaluation jobs (eval.async_jobs; the design: contract/rules/eval_jobs.py)
     rundir.py         the run directory explains itself: resolved config, command, versions, git revision
     rundir_paths.py   what run.overwrite=true deletes, and the refusal of a run directory that can't be written
+    remote/           +remote=NAME: the same command on a cluster's login node over SSH, the project as a snapshot
 
 The ranks themselves start through `python -m launcher.worker` (launcher/worker.py).
 """

@@ -10,6 +10,7 @@ import pytest
 
 from tests import doc_examples as d
 from tests.conftest import ROOT
+from tests.slurm.remote_helpers import require_login_node
 
 pytestmark = pytest.mark.slurm
 
@@ -18,4 +19,6 @@ SLURM_PAGES = [p for p in d.pages() if d.runnable(p, (d.SLURM,))]
 
 @pytest.mark.parametrize("page", SLURM_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_examples_run_on_the_cluster(page: Path) -> None:
+    if page.name == "remote.md":  # through the local login node too (make sshd-up)
+        require_login_node()
     d.run_blocks(d.runnable(page, (d.RUN, d.SLURM)), timeout=900)

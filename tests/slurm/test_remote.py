@@ -143,3 +143,4 @@ def test_each_failure_is_one_line_exit_2_and_nothing_submitted(laptop: tuple[Pat
     assert "over remote.max_snapshot_mb=0.01: most of it is corpus.txt" in big
     after = snapshots(workdir), sorted((workdir / "outputs").glob("*")) if (workdir / "outputs").exists() else []
     assert after == before  # no snapshot copied, no run directory made
+    shutil.rmtree(fresh["SLURMTRAIN_SSH_CONTROL_DIR"])

@@ -6,7 +6,6 @@ the same relative path in this directory."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from contract.errors import EXIT_BAD_INPUT, ConfigError
 from contract.remote_snapshot import SNAPSHOTS
 from launcher.run.remote import config
 from launcher.run.remote.session import Session
+from launcher.run.remote.snapshot import rsync
 
 # What each command brings back: the files it prints (report: one PNG a line) or the path it prints last (export).
 _PULLED_ALWAYS = {"launcher.report"}
@@ -48,8 +48,12 @@ def forward(module: str, argv: list[str]) -> int | None:
     wanted = [p for p in printed if p.endswith(".png")] if module in _PULLED_ALWAYS else printed[-1:]
     for path in wanted:
         local = _local_path(path, session.workdir_abs)
-        if not _fetch(session, path, local):
-            return 1
+        try:
+            if not _fetch(session, path, local):
+                return 1
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(f"here: {local}")
     return 0
 
@@ -106,9 +110,7 @@ def _local_path(remote_path: str, workdir_abs: str) -> Path:
 def _fetch(session: Session, remote_path: str, local: Path) -> bool:
     src = remote_path if os.path.isabs(remote_path) else f"{session.workdir_abs}/{remote_path}"
     local.parent.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run(["rsync", "-rlpt", "-s", "-e", session.conn.rsync_shell(),
-                          f"{session.remote.host}:{src}", str(local.parent) + "/"],
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    out = rsync(["-e", session.conn.rsync_shell(), f"{session.remote.host}:{src}", str(local.parent) + "/"])
     if out.returncode:
         said = (out.stderr.strip().splitlines() or ["no message"])[-1]
         print(f"error: bringing {src} back from {session.remote.host} failed ({said})", file=sys.stderr)

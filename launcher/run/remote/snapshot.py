@@ -141,6 +141,15 @@ def size_text(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def rsync(args: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["rsync", "-rlpt", "-s", *args], stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, check=False)
+    except OSError as err:
+        raise ConfigError(f"rsync can't run here ({err.strerror}): install it (apt install rsync, brew install "
+                          "rsync); the login node needs it too") from None
+
+
 def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig) -> None:
     """rsync the files into WORKDIR/snapshots/.incoming-ID-PID, write the manifest, link outputs, and move it to
     WORKDIR/snapshots/ID in one rename (a snapshot that another copy finished first is kept, ours dropped)."""
@@ -150,10 +159,8 @@ def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig) -> None:
         listing.write(b"\0".join(f.path.encode() for f in snapshot.files))
         listing.flush()
         # -s: paths with spaces survive the remote shell; -rlpt: no owner or group (the cluster's user owns it).
-        out = subprocess.run(["rsync", "-rlpt", "-s", "--from0", f"--files-from={listing.name}",
-                              "-e", conn.rsync_shell(), f"{snapshot.project}/",
-                              f"{remote.host}:{snaps}/{incoming}/"],
-                             stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+        out = rsync(["--from0", f"--files-from={listing.name}", "-e", conn.rsync_shell(), f"{snapshot.project}/",
+                     f"{remote.host}:{snaps}/{incoming}/"])
     if out.returncode:
         said = (out.stderr.strip().splitlines() or ["no message"])[-1]
         raise ConfigError(f"copying the project to {remote.host}:{snaps} failed ({said}): check that rsync is "
