@@ -61,7 +61,9 @@ def make_laptop(tmp: Path) -> tuple[Path, Path]:
     project = copy_example(tmp)
     workdir = SSHD_DIR / "work" / f"test-{uuid.uuid4().hex[:8]}"
     (project / "conf" / "remote").mkdir()
-    (project / "conf" / "remote" / "test.yaml").write_text(yaml.safe_dump(remote_yaml(workdir)))
+    # Its last setup command keeps the environment a remote command gets (to show what was sent).
+    setup = [*remote_yaml(workdir)["setup"], f"env > {workdir}/remote_env.txt"]
+    (project / "conf" / "remote" / "test.yaml").write_text(yaml.safe_dump(remote_yaml(workdir, setup=setup)))
     (project / ".env").write_text("WANDB_API_KEY=local-secret\n")
     git = ["git", "-C", str(project), "-c", "user.email=t@example.com", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], check=True)

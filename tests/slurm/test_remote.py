@@ -69,6 +69,9 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     commit = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True)
     assert environment["snapshot"]["id"] == snap_id
     assert environment["snapshot"]["git_commit"] == commit.stdout.strip()
+    # The local WANDB_API_KEY (and the .env's) reached neither the remote command's environment nor the run.
+    assert "local-secret" not in (workdir / "remote_env.txt").read_text()
+    assert "SSH_CONNECTION=" in (workdir / "remote_env.txt").read_text()
     assert "local-secret" not in (workdir / "outputs" / "laptop_run" / "config.yaml").read_text()
 
     # The same project again (the edit undone): the snapshot is on the cluster already, not copied.
