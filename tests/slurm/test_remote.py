@@ -74,12 +74,14 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     assert "SSH_CONNECTION=" in (workdir / "remote_env.txt").read_text()
     assert "local-secret" not in (workdir / "outputs" / "laptop_run" / "config.yaml").read_text()
 
-    # The same project again (the edit undone): the snapshot is on the cluster already, not copied.
+    # The same project again (the edit undone), as a sweep's dry run (-m goes through): the snapshot is on the
+    # cluster already, not copied.
     (project / "model.py").write_text(original)
-    again = run(project, env, "-m", "launcher", *PROJECT, "run.name=laptop_dry", "launcher.dry_run=true",
+    again = run(project, env, "-m", "launcher", "-m", *PROJECT, "model.args.dim=32,48", "launcher.dry_run=true",
                 "+remote=test")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"snapshot {snap_id} already on" in again.stderr
+    assert "dry run: this array would run points 0, 1" in again.stdout + again.stderr
     assert [p.name for p in snapshots(workdir)] == [snap_id]
 
     # Results here: the status table on this terminal, the report's PNGs in this directory.
@@ -146,4 +148,22 @@ def test_each_failure_is_one_line_exit_2_and_nothing_submitted(laptop: tuple[Pat
     assert "over remote.max_snapshot_mb=0.01: most of it is corpus.txt" in big
     after = snapshots(workdir), sorted((workdir / "outputs").glob("*")) if (workdir / "outputs").exists() else []
     assert after == before  # no snapshot copied, no run directory made
+    shutil.rmtree(fresh["SLURMTRAIN_SSH_CONTROL_DIR"])
+
+
+def test_through_a_jump_host_a_session_is_still_one_login(laptop: tuple[Path, Path, dict]) -> None:
+    project, workdir, env = laptop
+    fresh = {**env, "SLURMTRAIN_SSH_CONTROL_DIR": tempfile.mkdtemp(prefix="st-ssh-")}
+    (project / "conf" / "remote" / "viajump.yaml").write_text(yaml.safe_dump(remote_yaml(
+        workdir, jump="slurmtrain-sshd")))  # the login node is its own jump host: ssh -J
+    logins_before = authentications()
+    for _ in range(2):
+        status = run(project, fresh, "-m", "launcher.status", "--config-dir", "conf", "+remote=viajump", "outputs")
+        assert status.returncode == 0, status.stderr
+        assert "run" in status.stdout.splitlines()[1]
+    # One login at the jump host and one at the login node behind it, for both commands.
+    assert authentications() - logins_before == 2
+    subprocess.run(["ssh", "-F", str(remote_yaml(workdir)["ssh_config"]), "-o",
+                    f"ControlPath={fresh['SLURMTRAIN_SSH_CONTROL_DIR']}/%C", "-O", "exit", "slurmtrain-sshd"],
+                   capture_output=True, check=False)
     shutil.rmtree(fresh["SLURMTRAIN_SSH_CONTROL_DIR"])
