@@ -82,7 +82,15 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"snapshot {snap_id} already on" in again.stderr
     assert "dry run: this array would run points 0, 1" in again.stdout + again.stderr
-    assert [p.name for p in snapshots(workdir)] == [snap_id]
+    # An edit is a new snapshot; what it left unchanged is not sent again but hard-linked to the earlier one.
+    (project / "data.py").write_text((project / "data.py").read_text() + "\n# edited\n")
+    edited = run(project, env, "-m", "launcher", *PROJECT, "launcher.dry_run=true", "+remote=test")
+    assert edited.returncode == 0, edited.stderr[-3000:]
+    new_id = re.search(r"snapshot (\w+) copied", edited.stderr).group(1)  # type: ignore[union-attr]
+    assert sorted(p.name for p in snapshots(workdir)) == sorted([snap_id, new_id])
+    old_dir, new_dir = workdir / "snapshots" / snap_id, workdir / "snapshots" / new_id
+    assert (new_dir / "corpus.txt").stat().st_ino == (old_dir / "corpus.txt").stat().st_ino
+    assert (new_dir / "data.py").stat().st_ino != (old_dir / "data.py").stat().st_ino
 
     # Results here: the status table on this terminal, the report's PNGs in this directory.
     status = run(project, env, "-m", "launcher.status", "+remote=test", "--config-dir", "conf", "outputs")

@@ -13,7 +13,7 @@ from contract.errors import EXIT_BAD_INPUT, ConfigError
 from contract.remote_snapshot import SNAPSHOTS
 from launcher.run.remote import config
 from launcher.run.remote.session import Session
-from launcher.run.remote.snapshot import rsync
+from launcher.run.remote.snapshot import rsync, rsync_said
 
 # What each command brings back: the files it prints (report: one PNG a line) or the path it prints last (export).
 _PULLED_ALWAYS = {"launcher.report"}
@@ -112,7 +112,7 @@ def _fetch(session: Session, remote_path: str, local: Path) -> bool:
     local.parent.mkdir(parents=True, exist_ok=True)
     out = rsync(["-e", session.conn.rsync_shell(), f"{session.remote.host}:{src}", str(local.parent) + "/"])
     if out.returncode:
-        said = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        said = rsync_said(out.stderr)
         print(f"error: bringing {src} back from {session.remote.host} failed ({said})", file=sys.stderr)
     return out.returncode == 0
 

@@ -27,7 +27,8 @@ def forward(argv: list[str]) -> int | None:
         if present:
             print(f"remote {remote.name}: snapshot {snap.id} already on {remote.host}, not copied", file=sys.stderr)
         else:
-            snapshot.ship(snap, session.conn, remote)
+            like = session.newest_snapshot and f"{session.workdir_abs}/{snapshot.SNAPSHOTS}/{session.newest_snapshot}"
+            snapshot.ship(snap, session.conn, remote, like=like)
             print(f"remote {remote.name}: snapshot {snap.id} copied to {remote.host} ({len(snap.files)} files, "
                   f"{snapshot.size_text(snap.size)})", file=sys.stderr)
     except ConfigError as err:

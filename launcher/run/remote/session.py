@@ -15,6 +15,7 @@ from launcher.run.remote.ssh import SSH_FAILED, Connection
 
 _SETUP_OK, _HAVE, _VERSION, _WORKDIR = "@slurmtrain-setup-ok", "@slurmtrain-have-snapshot", "@slurmtrain-version", \
     "@slurmtrain-workdir"
+_NEWEST = "@slurmtrain-newest-snapshot"
 _PROBE = ("import importlib.metadata as m, launcher, contract.config.schema\n"
           "try:\n    v = m.version('slurmtrain')\nexcept m.PackageNotFoundError:\n    v = 'unknown'\n"
           f"print({_VERSION!r}, v)\n")
@@ -39,6 +40,7 @@ class Session:
     remote: RemoteConfig
     conn: Connection
     workdir_abs: str = ""
+    newest_snapshot: str = ""  # the last one copied there: a new snapshot hard-links its unchanged files
 
     @classmethod
     def open(cls, remote: RemoteConfig) -> Session:
@@ -61,8 +63,8 @@ class Session:
         script = "\n".join([
             f"cd && mkdir -p {q(wd + '/' + SNAPSHOTS)} {q(wd + '/' + OUTPUTS)}",
             self._prelude(), f"echo {_SETUP_OK}", self._cd(), f"echo {_WORKDIR} \"$(pwd)\"",
-            *([f"if [ -e {q(SNAPSHOTS + '/' + snapshot_id + '/' + MANIFEST)} ]; then echo {_HAVE}; fi"]
-              if snapshot_id else []),
+            *([f"if [ -e {q(SNAPSHOTS + '/' + snapshot_id + '/' + MANIFEST)} ]; then echo {_HAVE}; fi",
+               f"echo {_NEWEST} \"$(ls -t {SNAPSHOTS} | head -n 1)\""] if snapshot_id else []),
             f"{q(self.remote.python)} -c {q(_PROBE)}"])
         out = self.conn.run(script, capture=True)
         said = {key: value for key, _, value in (line.partition(" ") for line in out.stdout.splitlines())
@@ -75,6 +77,7 @@ class Session:
             raise ConfigError(f"the setup commands of remote {name} failed on its login node ({last_err}): fix "
                               "remote.setup, then try them in `" + self.conn.where + "`")
         self.workdir_abs = said.get(_WORKDIR, "")
+        self.newest_snapshot = said.get(_NEWEST, "").strip()
         if _VERSION not in said:
             if out.returncode == MISSING_PYTHON:
                 raise ConfigError(f"there is no {self.remote.python!r} on the login node of remote {name} after "

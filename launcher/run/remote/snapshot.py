@@ -150,25 +150,37 @@ def rsync(args: list[str]) -> subprocess.CompletedProcess[str]:
                           "rsync); the login node needs it too") from None
 
 
-def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig) -> None:
+def rsync_said(stderr: str) -> str:
+    """rsync's first complaint (its last line only says that there were some)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith("rsync:")), lines[-1] if lines else "no message")
+
+
+def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig, like: str = "") -> None:
     """rsync the files into WORKDIR/snapshots/.incoming-ID-PID, write the manifest, link outputs, and move it to
-    WORKDIR/snapshots/ID in one rename (a snapshot that another copy finished first is kept, ours dropped)."""
+    WORKDIR/snapshots/ID in one rename (a snapshot that another copy finished first is kept, ours dropped).
+    LIKE, an earlier snapshot there (its absolute path): the files it has unchanged (size and time) are hard links
+    to its own, not sent again."""
     snaps = f"{remote.workdir.rstrip('/')}/{SNAPSHOTS}"
     incoming = f".incoming-{snapshot.id}-{os.getpid()}"
     with tempfile.NamedTemporaryFile("wb", suffix=".files") as listing:
         listing.write(b"\0".join(f.path.encode() for f in snapshot.files))
         listing.flush()
         # -s: paths with spaces survive the remote shell; -rlpt: no owner or group (the cluster's user owns it).
-        out = rsync(["--from0", f"--files-from={listing.name}", "-e", conn.rsync_shell(), f"{snapshot.project}/",
+        # Whole files (-W): rsync 3.2.7's deltas against a --link-dest basis failed their own verification here.
+        link = ["-W", f"--link-dest={like}"] if like else []
+        out = rsync([*link, "--from0", f"--files-from={listing.name}", "-e", conn.rsync_shell(), f"{snapshot.project}/",
                      f"{remote.host}:{snaps}/{incoming}/"])
     if out.returncode:
-        said = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        said = rsync_said(out.stderr)
         raise ConfigError(f"copying the project to {remote.host}:{snaps} failed ({said}): check that rsync is "
                           "installed there and that remote.workdir is writable")
     q = shlex.quote
     finish = (f"cd {q(snaps)} && cat > {q(incoming)}/{MANIFEST} && ln -sfn ../../{OUTPUTS} {q(incoming)}/{OUTPUTS} "
               f"&& if [ -e {q(snapshot.id)}/{MANIFEST} ]; then rm -rf {q(incoming)}; "
-              f"else rm -rf {q(snapshot.id)} && mv -T {q(incoming)} {q(snapshot.id)}; fi")
+              f"else rm -rf {q(snapshot.id)} && mv -T {q(incoming)} {q(snapshot.id)}; fi"
+              # copies that broke off half-way (a day old: none still running) are dropped
+              " && find . -maxdepth 1 -name '.incoming-*' -mmin +1440 -exec rm -rf {} +")
     done = conn.run(finish, capture=True, stdin=json.dumps(snapshot.manifest, indent=1) + "\n")
     if done.returncode:
         said = (done.stderr.strip().splitlines() or ["no message"])[-1]
