@@ -127,7 +127,7 @@ def test_ssh_shares_a_connection_unless_the_users_config_has_its_own(tmp_path: P
     plain.write_text("Host login\n  HostName 10.0.0.1\n")
     ours = Connection(RemoteConfig(name="t", host="login", port=2222, jump="bastion", ssh_config=str(plain))).base()
     assert ours[:7] == ["ssh", "-F", str(plain), "-p", "2222", "-J", "bastion"]
-    assert f"ControlPath={tmp_path / 'cm' / '%C'}" in ours and "ControlMaster=auto" in ours
+    assert f"ControlPath={tmp_path / 'cm' / '%C'}" in ours and ours[-2:] == ["-o", "ControlMaster=no"]
     assert (tmp_path / "cm").stat().st_mode & 0o777 == 0o700
     theirs = tmp_path / "theirs"
     theirs.write_text("Host login\n  ControlMaster auto\n  ControlPath ~/.ssh/cm-%C\n  ControlPersist 1h\n")

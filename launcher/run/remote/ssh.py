@@ -70,17 +70,22 @@ class Connection:
             args += ["-o", f"{key}={value}"]
         return args
 
-    def base(self) -> list[str]:
-        """`ssh OPTIONS` without the host: the options above plus a ControlMaster socket unless the user's config
-        has one of its own (`ssh -G` tells, without connecting)."""
+    def _options(self) -> list[str]:
+        """The options above plus a ControlMaster socket, unless the user's config has one of its own (`ssh -G`
+        tells, without connecting)."""
         if self._base is None:
             options = self._target_options()
             resolved = _resolved_config([*options, self.remote.host])
             if resolved.get("controlpath", "none") == "none" or resolved.get("controlmaster", "false") == "false":
-                options += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir() / '%C'}",
+                options += ["-o", f"ControlPath={control_dir() / '%C'}",
                             "-o", f"ControlPersist={self.remote.control_persist}"]
-            self._base = ["ssh", *options]
+            self._base = options
         return self._base
+
+    def base(self) -> list[str]:
+        """`ssh OPTIONS` without the host, for every command: through the open master, never becoming one (a
+        command that became the master would hold its captured output open for as long as the master lives)."""
+        return ["ssh", *self._options(), "-o", "ControlMaster=no"]
 
     def open(self) -> None:
         """Log in once (or find the master already logged in); a failure is one line that says which."""
@@ -89,7 +94,7 @@ class Connection:
         with tempfile.TemporaryFile(mode="w+") as err:
             # -f: ssh goes to the background once logged in; its stderr is a file, not a pipe, which the
             # backgrounded master would hold open. Prompts (a passphrase, a second factor) go to the terminal.
-            code = subprocess.run([*self.base(), "-f", "-N", "-o", "ControlMaster=auto", self.remote.host],
+            code = subprocess.run(["ssh", *self._options(), "-o", "ControlMaster=auto", "-f", "-N", self.remote.host],
                                   stdin=None if sys.stdin.isatty() else subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=err, check=False).returncode
             err.seek(0)
