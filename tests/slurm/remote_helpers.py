@@ -36,8 +36,7 @@ def require_login_node() -> None:
     """As the slurm tier does for its cluster: a failure in CI, a skip elsewhere."""
     if login_node_up():
         return
-    message = "no local login node answers `ssh -F /var/tmp/slurmtrain-sshd/client/ssh_config slurmtrain-sshd`: " \
-              "run `make sshd-up`"
+    message = f"no local login node answers `ssh -F {SSH_CONFIG} {HOST}`: run `make sshd-up`"
     if os.environ.get("CI"):
         pytest.fail("CI must run the remote tests but " + message)
     pytest.skip(message)
