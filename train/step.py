@@ -101,6 +101,7 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
                                            for x in load_micro_batch(source, idx, documents))
         if faults.ACTIVE:
             inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
+        inputs, targets = strategy.split_sequence(inputs, targets)  # parallel.cp: this rank's chunks
         if tokens is not None:
             tokens.add(targets)
         mark()

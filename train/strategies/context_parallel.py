@@ -1,0 +1,153 @@
+"""Context parallelism (parallel.cp=N): every sequence split over N ranks, causal attention load-balanced.
+
+The sequence is cut into 2N chunks and rank r keeps chunks r and 2N-1-r (a head and a tail), so every rank has
+the same causal work: Megatron-Core's and torch's head-tail load balancing (torch's _HeadTailLoadBalancer orders
+the chunks the same way, so its ring attention and ours see the same shards). Each rank embeds only its tokens,
+at their positions in the whole sequence (RoPE and learned), and its loss is over its own targets; gradients are
+averaged over data-parallel x cp ranks (train/strategies/mesh.py), which is the whole sequence's mean.
+
+Attention, per layer, in one of two forms:
+- all-gathered keys and values (Llama 3's long-context training): every rank gathers the group's K/V (an
+  autograd all-gather whose backward sums each rank's key/value gradients back to their owner) and attends its
+  queries to them under the causal mask of its two chunks, and a document mask too (data.document_mask). Runs on
+  any device; this is the CPU path and every masked or dropout case.
+- torch's ring attention (torch.distributed.tensor.experimental, as torchtitan uses it) on CUDA for plain causal
+  attention: K/V blocks rotate round the ring and partial results merge by their log-sum-exp. It has no CPU
+  kernel ("aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy").
+
+The model asks this module (its `context` attribute, a ContextShard) for its tokens' positions and for the
+attention of each layer; nothing else in the model knows about the split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+def chunk_positions(seq_len: int, cp: int, rank: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The positions (in the whole sequence) rank `rank` of `cp` holds: its head chunk, then its tail chunk."""
+    if seq_len % (2 * cp):
+        raise ValueError(f"a sequence of {seq_len} tokens does not split into 2 x cp = {2 * cp} equal chunks")
+    c = seq_len // (2 * cp)
+    head = torch.arange(rank * c, (rank + 1) * c, device=device)
+    tail = torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c, device=device)
+    return torch.cat([head, tail])
+
+
+def gathered_positions(seq_len: int, cp: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The positions of an all-gathered sequence: every rank's chunk_positions, in rank order."""
+    return torch.cat([chunk_positions(seq_len, cp, r, device) for r in range(cp)])
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along the sequence (dim 2) whose backward reduce-scatters: each rank gets the sum of every
+    rank's gradient for its own keys and values. The sequence goes first so both collectives run on one
+    contiguous buffer (gloo mishandles the strided views a concatenation's backward hands on)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, cp: int) -> torch.Tensor:
+        ctx.group = group
+        local = x.movedim(2, 0).contiguous()
+        out = local.new_empty((cp * local.shape[0], *local.shape[1:]))
+        dist.all_gather_into_tensor(out, local, group=group)
+        return out.movedim(0, 2)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        full = grad.movedim(2, 0).contiguous()
+        mine = full.new_empty((full.shape[0] // dist.get_world_size(ctx.group), *full.shape[1:]))
+        dist.reduce_scatter_tensor(mine, full, op=dist.ReduceOp.SUM, group=ctx.group)
+        return mine.movedim(0, 2), None, None
+
+
+class CausalWork:
+    """Attention of this rank's queries to the group's keys and values, under the causal (and document) mask.
+    Built once per forward by ContextShard.prepare and handed to every layer as its `mask`."""
+
+    def __init__(self, shard: ContextShard, q_pos: torch.Tensor, kv_pos: torch.Tensor,
+                 document_ids: torch.Tensor | None) -> None:
+        self.shard = shard
+        allowed = q_pos[:, None] >= kv_pos[None, :]  # [t_local, T]
+        if document_ids is not None:  # [b, T] in sequence order
+            same = document_ids[:, q_pos][:, :, None] == document_ids[:, kv_pos][:, None, :]
+            allowed = (same & allowed).unsqueeze(1)  # [b, 1, t_local, T]
+        self.mask = allowed
+        # torch's ring attention: CUDA, plain causal only (no document mask).
+        self.ring = shard.ring if document_ids is None else None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
+        """q: [b, heads, t_local, d]; k, v: [b, kv_heads, t_local, d] (this rank's, before any GQA repeat)."""
+        if self.ring is not None and not dropout:
+            k, v = repeat_kv(q, k, v)
+            return self.ring(q, k, v)  # type: ignore[no-any-return]
+        k, v = self.shard.gather(k), self.shard.gather(v)
+        k, v = repeat_kv(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout)
+
+
+def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if k.shape[1] != q.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    return k, v
+
+
+class ContextShard:
+    """This rank's place in its context-parallel group: which tokens of a sequence it holds, and the collectives."""
+
+    def __init__(self, group: Any, cp: int, rank: int, mesh: Any = None, use_ring: bool = False) -> None:
+        self.group, self.cp, self.rank = group, cp, rank
+        self.ring = ring_attention(mesh) if use_ring else None
+
+    def local(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's head and tail chunks of a full-sequence tensor (inputs, targets)."""
+        pos = chunk_positions(x.shape[dim], self.cp, self.rank, x.device)
+        return x.index_select(dim, pos)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, h, t_local, d] -> [b, h, T, d] in gathered_positions order; autograd-correct (the backward returns
+        each rank the sum of every rank's gradient for its keys and values)."""
+        return _GatherSequence.apply(x, self.group, self.cp)  # type: ignore[no-any-return]
+
+    def prepare(self, local_len: int, document_ids: torch.Tensor | None,
+                device: torch.device) -> tuple[torch.Tensor, CausalWork]:
+        """For one forward of `local_len` tokens a rank: their positions in the whole sequence ([t_local], or
+        [b, t_local] counted from each document's start with `document_ids` [b, T]) and the layers' attention."""
+        seq_len = local_len * self.cp
+        q_pos = chunk_positions(seq_len, self.cp, self.rank, device)
+        kv_pos = gathered_positions(seq_len, self.cp, device)
+        work = CausalWork(self, q_pos, kv_pos, document_ids)
+        if document_ids is None:
+            return q_pos, work
+        from train.model.document_mask import positions_in_documents
+
+        return positions_in_documents(document_ids)[:, q_pos], work
+
+
+class _CausalSDPA(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def ring_attention(mesh: Any) -> nn.Module:
+    """torch's ring attention over the cp mesh (CUDA): an SDPA module whose q, k, v become sequence-sharded
+    DTensors, dispatched to the ring kernels with head-tail load balancing (its default, our chunk order)."""
+    from torch.distributed.tensor.experimental._context_parallel._attention import (
+        _ContextParallel,
+        _enable_context_parallel_dispatcher,
+    )
+
+    module = _CausalSDPA()
+    _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)._apply(module, mesh)
+    _enable_context_parallel_dispatcher()
+    return module
+
+
+def attach(model: nn.Module, shard: ContextShard) -> None:
+    """Make `model` (slurmtrain's transformer) run its share of each sequence."""
+    model.context = shard  # type: ignore[assignment]
