@@ -37,42 +37,41 @@ def _model(overrides: dict[str, object]) -> Transformer:
     return Transformer(OmegaConf.merge(cfg, overrides))
 
 
-def compare_logits(rank: int, world: int, port: int, out_dir: str) -> None:
+def compare_logits(rank: int, world: int, out_dir: str) -> None:
     """Per model form: the largest difference of this rank's logits, and of the gradients averaged over the cp
     ranks, from those of the whole sequence computed on one rank."""
-    _join(rank, world, port)
-    try:
-        generator = torch.Generator().manual_seed(1)
-        tokens = torch.randint(0, 256, (2, SEQ + 1), generator=generator)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        docs = torch.cumsum(torch.rand(2, SEQ, generator=generator) < 0.004, dim=1).to(torch.int32)
-        mine = chunk_positions(SEQ, world, rank)
-        out = {}
-        for name, overrides in MODELS.items():
-            kwargs = {"document_ids": docs} if name.endswith("documents") else {}
-            whole = _model(overrides)
-            logits = whole(inputs, **kwargs)
-            F.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1)).backward()
-            split = _model(overrides)
-            attach(split, ContextShard(dist.group.WORLD, world, rank))
-            local = split(inputs[:, mine], **kwargs)
-            F.cross_entropy(local.reshape(-1, 256), targets[:, mine].reshape(-1)).backward()
-            grad_diff = 0.0
-            for (_, p), (_, q) in zip(whole.named_parameters(), split.named_parameters(), strict=True):
-                dist.all_reduce(q.grad)
-                grad_diff = max(grad_diff, float((q.grad / world - p.grad).abs().max()))
-            out[name] = {"logits": float((local - logits[:, mine]).abs().max()), "grads": grad_diff,
-                         "scale": float(logits.abs().max())}
-        torch.save(out, Path(out_dir) / f"logits_rank{rank}.pt")
-    finally:
-        distributed.destroy_process_group()
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (2, SEQ + 1), generator=generator)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    docs = torch.cumsum(torch.rand(2, SEQ, generator=generator) < 0.004, dim=1).to(torch.int32)
+    mine = chunk_positions(SEQ, world, rank)
+    out = {}
+    for name, overrides in MODELS.items():
+        kwargs = {"document_ids": docs} if name.endswith("documents") else {}
+        whole = _model(overrides)
+        logits = whole(inputs, **kwargs)
+        F.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1)).backward()
+        split = _model(overrides)
+        attach(split, ContextShard(dist.group.WORLD, world, rank))
+        local = split(inputs[:, mine], **kwargs)
+        F.cross_entropy(local.reshape(-1, 256), targets[:, mine].reshape(-1)).backward()
+        grad_diff = 0.0
+        for (_, p), (_, q) in zip(whole.named_parameters(), split.named_parameters(), strict=True):
+            dist.all_reduce(q.grad)
+            grad_diff = max(grad_diff, float((q.grad / world - p.grad).abs().max()))
+        out[name] = {"logits": float((local - logits[:, mine]).abs().max()), "grads": grad_diff,
+                     "scale": float(logits.abs().max())}
+    torch.save(out, Path(out_dir) / f"logits_rank{rank}.pt")
 
 
-def train_runs(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list[str]]) -> None:
-    """Each run's losses; a run named *-stopped gets the preemption signal after step 10 (rank 0) and the next
-    run, of the same name without the suffix, resumes it in the same run directory."""
+def run_all(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list[str]], logits: bool) -> None:
+    """One process group for everything: the logits comparison (`logits`, on 2 ranks), then each run's losses; a
+    run named *-stopped gets the preemption signal after step 10 (rank 0) and the next run, of the same name
+    without the suffix, resumes it in the same run directory."""
     env = _join(rank, world, port)
     try:
+        if logits:
+            compare_logits(rank, world, out_dir)
         for name, overrides in runs.items():
             run_name = name.removesuffix("-stopped")
             cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1",
