@@ -13,6 +13,7 @@ from launcher.compose import compose_and_plan
 from tests.conftest import ROOT, hq, launcher_env
 from tests.forked_cli import run_module
 
+
 def launch(*overrides: str) -> subprocess.CompletedProcess[str]:
     return run_module("launcher", list(overrides), cwd=ROOT, env=launcher_env())
 

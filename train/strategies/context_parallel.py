@@ -12,7 +12,7 @@ Attention, per layer, in one of two forms:
   queries to them under the causal mask of its two chunks, and a document mask too (data.document_mask). Runs on
   any device; this is the CPU path and every masked or dropout case.
 - torch's ring attention (torch.distributed.tensor.experimental, as torchtitan uses it) on CUDA for plain causal
-  attention: K/V blocks rotate round the ring and partial results merge by their log-sum-exp. It has no CPU
+  attention in bf16 or fp16 without dropout: K/V blocks rotate round the ring and partial results merge by their log-sum-exp. It has no CPU
   kernel ("aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy").
 
 The model asks this module (its `context` attribute, a ContextShard) for its tokens' positions and for the
@@ -42,6 +42,10 @@ def chunk_positions(seq_len: int, cp: int, rank: int, device: torch.device | str
 def gathered_positions(seq_len: int, cp: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The positions of an all-gathered sequence: every rank's chunk_positions, in rank order."""
     return torch.cat([chunk_positions(seq_len, cp, r, device) for r in range(cp)])
+
+
+# torch's ring attention shards the flash / memory-efficient / cuDNN kernels; fp32 on CUDA may pick the math one.
+RING_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -82,7 +86,7 @@ class CausalWork:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
         """q: [b, heads, t_local, d]; k, v: [b, kv_heads, t_local, d] (this rank's, before any GQA repeat)."""
-        if self.ring is not None and not dropout:
+        if self.ring is not None and not dropout and q.dtype in RING_DTYPES:
             k, v = repeat_kv(q, k, v)
             return self.ring(q, k, v)  # type: ignore[no-any-return]
         k, v = self.shard.gather(k), self.shard.gather(v)
