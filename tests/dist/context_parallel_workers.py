@@ -85,7 +85,7 @@ def run_all(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list
             finally:
                 os.environ.pop(TEST_SIGNAL_ENV, None)
             if rank == 0:
-                torch.save({"losses": result.losses, "exit": result.outcome.exit_code},
+                torch.save({"losses": result.losses, "exit": result.outcome.exit_code, "tokens": result.state.tokens},
                            Path(out_dir) / f"{name}.pt")
     finally:
         distributed.destroy_process_group()

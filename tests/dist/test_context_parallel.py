@@ -12,12 +12,15 @@ import torch
 import torch.multiprocessing as mp
 
 from contract.errors import EXIT_STOPPED
+from launcher.prepare.__main__ import main as prepare_main
 from launcher.run.local import free_port
 from tests.dist.context_parallel_workers import MODELS, run_all
 from tests.prepared_data import random_documents, write_prepared
+from tests.sft_data import shift_records, write_tokenizer
 
 pytestmark = pytest.mark.dist
 
+SFT_VOCAB = 20  # tests/sft_data.py's tokenizer
 STEPS = ["trainer.max_steps=20", "trainer.ckpt_every=0", "precision=fp32", "trainer.global_batch_size=8",
          "model.tie_embeddings=false", "trainer.prefetch_steps=0"]
 
@@ -39,6 +42,12 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("cp4")
     write_prepared(root / "prep", [random_documents(0, 4000)], [random_documents(1, 2000)])
+    shift_records(root / "pairs.jsonl", 400)  # prompt/response records: only the response tokens count
+    assert prepare_main([str(root / "pairs.jsonl"), "--out", str(root / "sft"), "--tokenizer",
+                         str(write_tokenizer(root / "tok")), "--prompt-field", "prompt", "--response-field",
+                         "response"]) == 0
+    sft = ["data=tokens", f"data.path={root / 'sft'}", f"model.vocab_size={SFT_VOCAB}", "data.seq_len=16",
+           "trainer.micro_batch_size=1", "trainer.max_steps=3"]
     docs = ["data=tokens", f"data.path={root / 'prep'}", "model.vocab_size=257", "data.document_mask=true",
             "trainer.max_steps=3"]
     cp2 = [*STEPS, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=4"]
@@ -50,7 +59,9 @@ def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             "cp2-resumed-stopped": cp2,
             "cp2-resumed": cp2,
             "docs-cp1": [*STEPS, *docs, "strategy=fsdp", "trainer.micro_batch_size=2"],
-            "docs-cp2": [*STEPS, *docs, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=4"]}
+            "docs-cp2": [*STEPS, *docs, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=4"],
+            "sft-cp1": [*STEPS, *sft, "strategy=fsdp"],
+            "sft-cp2": [*STEPS, *sft, "strategy=fsdp", "parallel.cp=2"]}
     return _spawn(root, 4, runs)
 
 
@@ -93,3 +104,13 @@ def test_document_masking_composes_with_cp(four_ranks: dict[str, dict]) -> None:
     assert sorted(got) == [1, 2, 3]
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), step
+
+
+def test_only_counted_targets_weigh_the_loss_and_the_token_count_under_cp(four_ranks: dict[str, dict]) -> None:
+    """Supervised fine-tuning data: the two halves of a sequence hold different numbers of response tokens, and
+    the cp ranks' losses still make the whole sequence's mean; each response token is counted once."""
+    reference, got = four_ranks["sft-cp1"], four_ranks["sft-cp2"]
+    assert sorted(got["losses"]) == [1, 2, 3]
+    for step, loss in reference["losses"].items():
+        assert got["losses"][step] == pytest.approx(loss, rel=1e-5), step
+    assert got["tokens"] == reference["tokens"] and 0 < got["tokens"] < 3 * 8 * 16

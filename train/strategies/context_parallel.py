@@ -113,6 +113,17 @@ class ContextShard:
         pos = chunk_positions(x.shape[dim], self.cp, self.rank, x.device)
         return x.index_select(dim, pos)
 
+    def target_share(self, flat_targets: torch.Tensor) -> torch.Tensor:
+        """What this rank's mean loss is multiplied by so that the mean over the cp ranks (which the gradient
+        average and the logged loss take) is the whole sequence's mean over its counted targets: cp x this rank's
+        counted targets / the group's. Exactly 1 where every target counts; one scalar all-reduce, no host sync."""
+        from train.loss import counted
+
+        mine = counted(flat_targets).to(torch.float32)
+        total = mine.clone()
+        dist.all_reduce(total, group=self.group)
+        return mine * self.cp / total.clamp(min=1)
+
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """[b, h, t_local, d] -> [b, h, T, d] in gathered_positions order; autograd-correct (the backward returns
         each rank the sum of every rank's gradient for its keys and values)."""
