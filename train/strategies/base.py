@@ -98,7 +98,7 @@ class Strategy:
 
                 self.cp, mesh = self.layout.cp, self.layout.mesh["cp"]
                 self.context = ContextShard(mesh.get_group(), self.cp, self.layout.cp_rank, mesh,
-                                            use_ring=self.device.type == "cuda")
+                                            cuda=self.device.type == "cuda")
                 attach(model, self.context)
             if self.layout.pp > 1:  # this rank's stages: their layers only (names kept, for checkpoints)
                 layers = rank_layers(self.cfg.model.n_layers, self.layout.pp, self.virtual_stages,

@@ -71,27 +71,56 @@ class _GatherSequence(torch.autograd.Function):
 
 class CausalWork:
     """Attention of this rank's queries to the group's keys and values, under the causal (and document) mask.
-    Built once per forward by ContextShard.prepare and handed to every layer as its `mask`."""
+    Built once per forward by ContextShard.prepare and handed to every layer as its `mask`; the mask itself is
+    built at the first layer that needs it: a flex BlockMask on CUDA (the rank's t queries against the T keys, in
+    blocks), dense booleans [t, T] elsewhere or with attention dropout, which flex attention lacks."""
 
     def __init__(self, shard: ContextShard, q_pos: torch.Tensor, kv_pos: torch.Tensor,
                  document_ids: torch.Tensor | None) -> None:
-        self.shard = shard
-        allowed = q_pos[:, None] >= kv_pos[None, :]  # [t_local, T]
-        if document_ids is not None:  # [b, T] in sequence order
-            same = document_ids[:, q_pos][:, :, None] == document_ids[:, kv_pos][:, None, :]
-            allowed = (same & allowed).unsqueeze(1)  # [b, 1, t_local, T]
-        self.mask = allowed
+        self.shard, self.q_pos, self.kv_pos, self.docs = shard, q_pos, kv_pos, document_ids
         # torch's ring attention: CUDA, plain causal only (no document mask).
         self.ring = shard.ring if document_ids is None else None
+        self.masks: dict[bool, Any] = {}
+
+    def mask(self, flex: bool) -> Any:
+        if flex not in self.masks:
+            self.masks[flex] = self._flex_mask() if flex else self._dense_mask()
+        return self.masks[flex]
+
+    def _dense_mask(self) -> torch.Tensor:
+        q_pos, kv_pos, docs = self.q_pos, self.kv_pos, self.docs
+        allowed = q_pos[:, None] >= kv_pos[None, :]  # [t, T]
+        if docs is None:
+            return allowed
+        same = docs[:, q_pos][:, :, None] == docs[:, kv_pos][:, None, :]
+        return (same & allowed).unsqueeze(1)  # [b, 1, t, T]
+
+    def _flex_mask(self) -> Any:
+        from train.model.document_mask import block_mask
+
+        q_pos, kv_pos, docs = self.q_pos, self.kv_pos, self.docs
+
+        def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
+            return q_pos[q] >= kv_pos[kv]
+
+        def within_documents(b: Any, h: Any, q: Any, kv: Any) -> Any:
+            qp, kp = q_pos[q], kv_pos[kv]
+            return (qp >= kp) & (docs[b, qp] == docs[b, kp])  # type: ignore[index]
+
+        rule, batch = (causal, None) if docs is None else (within_documents, docs.shape[0])
+        return block_mask(rule, batch, len(q_pos), len(kv_pos), q_pos.device, self.shard.compiled)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
         """q: [b, heads, t_local, d]; k, v: [b, kv_heads, t_local, d] (this rank's, before any GQA repeat)."""
         if self.ring is not None and not dropout and q.dtype in RING_DTYPES:
             k, v = repeat_kv(q, k, v)
             return self.ring(q, k, v)  # type: ignore[no-any-return]
+        from train.model.document_mask import masked_attention
+
         k, v = self.shard.gather(k), self.shard.gather(v)
         k, v = repeat_kv(q, k, v)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout)
+        flex = self.shard.flex and not dropout
+        return masked_attention(q, k, v, self.mask(flex), dropout, compiled=self.shard.compiled)
 
 
 def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,9 +133,13 @@ def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.
 class ContextShard:
     """This rank's place in its context-parallel group: which tokens of a sequence it holds, and the collectives."""
 
-    def __init__(self, group: Any, cp: int, rank: int, mesh: Any = None, use_ring: bool = False) -> None:
+    def __init__(self, group: Any, cp: int, rank: int, mesh: Any = None, cuda: bool = False,
+                 flex: bool | None = None) -> None:
+        """`cuda`: torch's ring attention for plain causal attention, flex attention (compiled) for the masked
+        kinds. `flex`: flex attention regardless (eager off CUDA: tests check its masks on CPU)."""
         self.group, self.cp, self.rank = group, cp, rank
-        self.ring = ring_attention(mesh) if use_ring else None
+        self.ring = ring_attention(mesh) if cuda else None
+        self.flex, self.compiled = cuda if flex is None else flex, cuda
 
     def local(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's head and tail chunks of a full-sequence tensor (inputs, targets)."""
