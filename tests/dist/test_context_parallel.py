@@ -14,7 +14,9 @@ import torch.multiprocessing as mp
 from contract.errors import EXIT_STOPPED
 from launcher.prepare.__main__ import main as prepare_main
 from launcher.run.local import free_port
+from tests.conftest import ROOT, launcher_env
 from tests.dist.context_parallel_workers import MODELS, run_all
+from tests.forked_cli import run_module
 from tests.prepared_data import random_documents, write_prepared
 from tests.sft_data import shift_records, write_tokenizer
 
@@ -39,7 +41,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def four_ranks_at(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
     root = tmp_path_factory.mktemp("cp4")
     write_prepared(root / "prep", [random_documents(0, 4000)], [random_documents(1, 2000)])
     shift_records(root / "pairs.jsonl", 400)  # prompt/response records: only the response tokens count
@@ -62,7 +64,12 @@ def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             "docs-cp2": [*STEPS, *docs, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=4"],
             "sft-cp1": [*STEPS, *sft, "strategy=fsdp"],
             "sft-cp2": [*STEPS, *sft, "strategy=fsdp", "parallel.cp=2"]}
-    return _spawn(root, 4, runs)
+    return root, _spawn(root, 4, runs)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(four_ranks_at: tuple[Path, dict[str, dict]]) -> dict[str, dict]:
+    return four_ranks_at[1]
 
 
 @pytest.mark.parametrize("form", list(MODELS))
@@ -114,3 +121,11 @@ def test_only_counted_targets_weigh_the_loss_and_the_token_count_under_cp(four_r
     for step, loss in reference["losses"].items():
         assert got["losses"][step] == pytest.approx(loss, rel=1e-5), step
     assert got["tokens"] == reference["tokens"] and 0 < got["tokens"] < 3 * 8 * 16
+
+
+def test_a_cp_checkpoint_is_evaluated_on_one_process(four_ranks_at: tuple[Path, dict[str, dict]]) -> None:
+    """launcher.evaluate runs whole sequences (forward only: cp=1) on whatever ranks it has."""
+    root, _ = four_ranks_at
+    out = run_module("launcher.evaluate", [str(root / "cp2-fsdp")], cwd=ROOT, env=launcher_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "evaluate: step 20: val/val/loss" in out.stdout + out.stderr
