@@ -1,7 +1,9 @@
 """Context parallelism (parallel.cp) on CPU ranks (gloo), issue 37 acceptance 4: at seq_len 2048 the tiny model's
 logits and gradients under cp=2 equal those of the whole sequence on one rank (RoPE, GQA, learned positions, a
-document mask); cp=2 trains to cp=1's losses over 20 steps on 2 ranks and, with fsdp, ddp and tp, on 4; a stopped
-and resumed cp run is bitwise the uninterrupted one; document masking composes. Two spawns share everything."""
+document mask; the flex mask of the CUDA path, forward only); cp=2 trains to cp=1's losses over 20 steps on 2 ranks
+(and with activation checkpointing) and on 4 with fsdp, ddp, tp=2, hsdp and cp=4; a stopped and resumed cp run is
+bitwise the uninterrupted one; document masking and supervised fine-tuning data (counted targets) compose; a cp
+checkpoint evaluates on one process. Two spawns share everything."""
 
 from __future__ import annotations
 
@@ -36,7 +38,10 @@ def _spawn(root: Path, world: int, runs: dict[str, list[str]], logits: bool = Fa
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
     root = tmp_path_factory.mktemp("cp2")
     runs = {"cp1": [*STEPS, "strategy=fsdp", "trainer.micro_batch_size=4"],
-            "cp2": [*STEPS, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=8"]}
+            "cp2": [*STEPS, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=8"],
+            # each block's attention, all-gather included, recomputed in backward
+            "cp2-ac": [*STEPS, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=8",
+                       "strategy.activation_checkpointing=true", "trainer.max_steps=5"]}
     return root, _spawn(root, 2, runs, logits=True)
 
 
@@ -58,6 +63,9 @@ def four_ranks_at(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
             "cp2-ddp": [*STEPS, "strategy=ddp", "parallel.cp=2", "trainer.micro_batch_size=4"],
             "cp2-tp2": [*STEPS, "strategy=fsdp", "parallel.cp=2", "parallel.tp=2", "trainer.micro_batch_size=8"],
             "cp4": [*STEPS, "strategy=fsdp", "parallel.cp=4", "trainer.micro_batch_size=8"],
+            # two replicas, each sharded over its shard x cp ranks (a 2-D mesh of flattened dimensions)
+            "cp2-hsdp": [*STEPS, "strategy=hsdp", "strategy.replicate_degree=2", "parallel.cp=2",
+                         "trainer.micro_batch_size=4", "trainer.max_steps=5"],
             "cp2-resumed-stopped": cp2,
             "cp2-resumed": cp2,
             "docs-cp1": [*STEPS, *docs, "strategy=fsdp", "trainer.micro_batch_size=2"],
@@ -89,14 +97,18 @@ def test_cp2_trains_to_cp1_losses_on_two_ranks(two_ranks: tuple[Path, dict[str, 
     assert sorted(got) == list(range(1, 21)) and got[20] < got[1] - 0.2  # it learns
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), step
+    recomputed = runs["cp2-ac"]["losses"]
+    assert sorted(recomputed) == list(range(1, 6))
+    for step, loss in recomputed.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5), step
 
 
-@pytest.mark.parametrize("layout", ["cp2-fsdp", "cp2-ddp", "cp2-tp2", "cp4"])
+@pytest.mark.parametrize("layout", ["cp2-fsdp", "cp2-ddp", "cp2-tp2", "cp4", "cp2-hsdp"])
 def test_cp_trains_to_cp1_losses_on_four_ranks(four_ranks: dict[str, dict], layout: str) -> None:
     reference, got = four_ranks["cp1"]["losses"], four_ranks[layout]["losses"]
-    assert sorted(got) == list(range(1, 21))
-    for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, rel=1e-5), (layout, step)
+    assert sorted(got) == list(range(1, 6 if layout == "cp2-hsdp" else 21))
+    for step, loss in got.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5), (layout, step)
 
 
 def test_a_stopped_and_resumed_cp_run_is_bitwise_the_uninterrupted_one(four_ranks: dict[str, dict]) -> None:
