@@ -92,6 +92,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2)
 
 
+def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention: each key/value head repeated for the query heads that share it."""
+    if k.shape[1] != q.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    return k, v
+
+
 class Attention(nn.Module):
     """Separate q, k, v projections: tensor parallelism splits each by heads (a fused kv would split into k on one
     rank and v on the other). `n_heads` and `n_kv_heads` are this rank's heads."""
@@ -129,9 +137,7 @@ class Attention(nn.Module):
         attend = getattr(mask, "attend", None)
         if attend is not None:  # context parallelism: the group's keys and values (before the GQA repeat)
             return self.out(attend(q, k, v, dropout).transpose(1, 2).reshape(b, t, -1))
-        if k.shape[1] != q.shape[1]:
-            repeat = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        k, v = repeat_kv(q, k, v)
         if mask is not None:
             y = masked_attention(q, k, v, mask, dropout)
         else:

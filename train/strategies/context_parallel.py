@@ -8,12 +8,14 @@ averaged over data-parallel x cp ranks (train/strategies/mesh.py), which is the 
 
 Attention, per layer, in one of two forms:
 - all-gathered keys and values (Llama 3's long-context training): every rank gathers the group's K/V (an
-  autograd all-gather whose backward sums each rank's key/value gradients back to their owner) and attends its
-  queries to them under the causal mask of its two chunks, and a document mask too (data.document_mask). Runs on
-  any device; this is the CPU path and every masked or dropout case.
+  autograd all-gather whose backward reduce-scatters, summing each rank's key/value gradients back to their owner)
+  and attends its queries to them under the causal mask of its two chunks, and a document mask too
+  (data.document_mask): a flex attention BlockMask on CUDA, dense booleans elsewhere. Runs on any device; this is
+  the CPU path and every masked, dropout or fp32 case.
 - torch's ring attention (torch.distributed.tensor.experimental, as torchtitan uses it) on CUDA for plain causal
-  attention in bf16 or fp16 without dropout: K/V blocks rotate round the ring and partial results merge by their log-sum-exp. It has no CPU
-  kernel ("aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy").
+  attention in bf16 or fp16 without dropout: K/V blocks rotate round the ring and partial results merge by their
+  log-sum-exp. It has no CPU kernel ("aten._scaled_dot_product_flash_attention_for_cpu.default does not have a
+  sharding strategy registered").
 
 The model asks this module (its `context` attribute, a ContextShard) for its tokens' positions and for the
 attention of each layer; nothing else in the model knows about the split.
@@ -27,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from train.model.transformer import repeat_kv
 
 
 def chunk_positions(seq_len: int, cp: int, rank: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -121,13 +125,6 @@ class CausalWork:
         k, v = repeat_kv(q, k, v)
         flex = self.shard.flex and not dropout
         return masked_attention(q, k, v, self.mask(flex), dropout, compiled=self.shard.compiled)
-
-
-def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if k.shape[1] != q.shape[1]:
-        repeat = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    return k, v
 
 
 class ContextShard:
