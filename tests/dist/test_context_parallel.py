@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from contract.errors import EXIT_STOPPED
 from launcher.prepare.__main__ import main as prepare_main
 from launcher.run.local import free_port
-from tests.conftest import ROOT, launcher_env
+from tests.conftest import ROOT, launcher_env, read_metrics
 from tests.dist.context_parallel_workers import MODELS, run_all
 from tests.forked_cli import run_module
 from tests.prepared_data import random_documents, write_prepared
@@ -37,8 +37,9 @@ def _spawn(root: Path, world: int, runs: dict[str, list[str]], logits: bool = Fa
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
     root = tmp_path_factory.mktemp("cp2")
-    runs = {"cp1": [*STEPS, "strategy=fsdp", "trainer.micro_batch_size=4"],
-            "cp2": [*STEPS, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=8"],
+    validate = ["eval.every=10", "eval.batches=2"]
+    runs = {"cp1": [*STEPS, *validate, "strategy=fsdp", "trainer.micro_batch_size=4"],
+            "cp2": [*STEPS, *validate, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=8"],
             # each block's attention, all-gather included, recomputed in backward
             "cp2-ac": [*STEPS, "strategy=fsdp", "parallel.cp=2", "trainer.micro_batch_size=8",
                        "strategy.activation_checkpointing=true", "trainer.max_steps=5"]}
@@ -91,12 +92,16 @@ def test_cp2_logits_and_gradients_equal_the_whole_sequence(two_ranks: tuple[Path
         assert form.endswith("flex") or got["grads"] < 1e-6, (form, rank, got)  # flex: no backward on CPU
 
 
-def test_cp2_trains_to_cp1_losses_on_two_ranks(two_ranks: tuple[Path, dict[str, dict]]) -> None:
+def test_cp2_trains_and_validates_to_cp1_losses_on_two_ranks(two_ranks: tuple[Path, dict[str, dict]]) -> None:
     _, runs = two_ranks
     reference, got = runs["cp1"]["losses"], runs["cp2"]["losses"]
     assert sorted(got) == list(range(1, 21)) and got[20] < got[1] - 0.2  # it learns
     for step, loss in reference.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), step
+    root, _ = two_ranks
+    validated = {name: [row["val/val/loss"] for row in read_metrics(root / name) if "val/val/loss" in row]
+                 for name in ("cp1", "cp2")}
+    assert len(validated["cp2"]) == 2 and validated["cp2"] == pytest.approx(validated["cp1"], rel=1e-5)
     recomputed = runs["cp2-ac"]["losses"]
     assert sorted(recomputed) == list(range(1, 6))
     for step, loss in recomputed.items():
