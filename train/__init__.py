@@ -11,7 +11,7 @@ directory through the contract (contract/) and never imports launcher/.
     optimizers/    Muon with AdamW, Adafactor on DTensor shards, SGD and Lion: what torch's classes can't do as we need
     model/         slurmtrain's transformer, a user's or a Hugging Face model built, probed, sampled
     data/          samples as a pure function of the global index: token files, mixtures, prefetching
-    strategies/    one Strategy protocol, one module per backend (DDP, FSDP, DeepSpeed, TP, PP)
+    strategies/    one Strategy protocol, one module per backend (DDP, FSDP, DeepSpeed, TP, PP, context parallel)
     checkpoints/   writing, verifying and reading checkpoints; retention; evaluation jobs handed a checkpoint
     weights/       weights in and out: model.init_from, weight files, export
     evaluation/    validation sets and the pass; evaluation jobs' entry and submission

@@ -123,7 +123,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     source = build_source(cfg.data, cfg.model.vocab_size, state.data_index)
     global_batch = t.micro_batch_size * t.grad_accum_steps * strategy.dp_size
     responses = bool(getattr(source, "micro_batch", None))  # supervised fine-tuning: only response tokens count
-    tokens = TokenCount(responses, global_batch * seq_len, env.world_size // strategy.dp_size, device)
+    # Peers read the same targets (tensor-parallel, stages); context-parallel ranks count their own chunks.
+    tokens = TokenCount(responses, global_batch * seq_len, env.world_size // (strategy.dp_size * strategy.cp), device)
     if env.is_main:
         log.info(
             "effective batch %d sequences (micro %d x accumulation %d x data-parallel %d) = %d tokens/step%s; "
@@ -250,10 +251,11 @@ def validate(validator: Validator, model: torch.nn.Module, watchdog: Watchdog,
 
 def layout_line(layout: Any, hosts: list[str]) -> str:
     """Where every rank landed: its host and (data-parallel, stage, tensor-parallel) coordinates."""
-    mp = layout.tp * layout.pp
-    ranks = [f"rank {r} {host} (dp {r // mp}, stage {(r // layout.tp) % layout.pp}, tp {r % layout.tp})"
-             for r, host in enumerate(hosts)]
-    return f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp}: " + "; ".join(ranks)
+    mp, cp = layout.tp * layout.pp, getattr(layout, "cp", 1)
+    ranks = [f"rank {r} {host} (dp {r // (mp * cp)}, " + (f"cp {(r // mp) % cp}, " if cp > 1 else "")
+             + f"stage {(r // layout.tp) % layout.pp}, tp {r % layout.tp})" for r, host in enumerate(hosts)]
+    return f"tp {layout.tp} x pp {layout.pp} x " + (f"cp {cp} x " if cp > 1 else "") + f"dp {layout.dp}: " \
+        + "; ".join(ranks)
 
 
 def start_prefetch(source: TokenSource, state: TrainState, cfg: Any, strategy: Strategy,

@@ -101,6 +101,7 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
                                            for x in load_micro_batch(source, idx, documents))
         if faults.ACTIVE:
             inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
+        inputs, targets = strategy.split_sequence(inputs, targets)  # parallel.cp: this rank's chunks
         if tokens is not None:
             tokens.add(targets)
         mark()
@@ -115,6 +116,9 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
                 loss, z = z_loss.losses(flat_logits, flat_targets, IGNORE_INDEX)
                 total = loss + z
                 z_sum += z.detach()  # type: ignore[operator]
+            if strategy.context is not None:  # parallel.cp: the mean over the whole sequence's counted targets
+                share = strategy.context.target_share(flat_targets)
+                loss, total = loss * share, total * share
             if faults.ACTIVE:
                 total = faults.loss(total, state.step + 1, state.samples, env.rank)
             mark()

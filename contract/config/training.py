@@ -202,6 +202,10 @@ class ParallelConfig:
     pp_virtual_stages: int = num(2, 1)
     # Tensor parallelism across nodes is refused (it collapses MFU over the network) unless this is set.
     allow_cross_node_tp: bool = False
+    # Context parallelism: every sequence split over this many ranks, each holding a head and a tail chunk of 2 x cp
+    # (causal work even), at its positions in the whole sequence; taken from the data-parallel ranks (data
+    # parallelism is world / (tp x pp x cp)), gradients averaged over both. data.seq_len must divide by 2 x cp.
+    cp: int = num(1, 1)
 
 
 @dataclass

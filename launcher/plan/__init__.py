@@ -4,7 +4,7 @@
                      as RUN_DIR/plan.json
     world.py         the world size, ranks per node, the GPUs on this machine
     run_name.py      the run name derived from the training settings, which a resume must keep
-    parallel.py      tensor, pipeline and data-parallel degrees on the device mesh, laid onto the cluster
+    parallel.py      tensor, pipeline, context and data-parallel degrees on the device mesh, laid onto the cluster
     estimate.py      memory per GPU and step time of a config (FLOPs per token: contract/rules/flops.py)
     fit.py           does it fit, which strategy (strategy=auto), the learning-rate scaling, the compute budget
     lr_schedule.py   the learning-rate schedule: refused when it can't run, described across a resume

@@ -219,11 +219,17 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
         params, grads, optimizer = lay.weight_bytes * p / n, lay.grad_bytes * p / n, optim / n
         gathered = (2 * block if lay.kind == "fsdp" else shape.n_blocks * block) + root
         temporary = lay.weight_bytes * gathered * (1 - 1 / n) + lay.grad_bytes * block
-    tokens = cfg.trainer.micro_batch_size * cfg.data.seq_len
+    # parallel.cp: a rank holds seq_len / cp tokens of every sequence (activations and logits divide by cp), and
+    # each layer keeps the group's other keys and values, gathered for attention, for its backward.
+    cp = int(cfg.parallel.get("cp", 1))
+    tokens = cfg.trainer.micro_batch_size * cfg.data.seq_len // cp
     activations = 0.0
     m = shape.config
     if m is not None:
         per_block = block_activation_bytes(m, compute_bytes)
+        if cp > 1:
+            kv_width = (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
+            per_block += 2 * (cp - 1) * kv_width * compute_bytes
         if s.activation_checkpointing:
             # Each block keeps only its input; backward recomputes one block at a time.
             activations = tokens * (m.n_layers * FP32 * m.d_model + head_activation_bytes(m))

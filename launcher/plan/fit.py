@@ -157,11 +157,11 @@ class Option:
 def candidates(cfg: DictConfig, world: int, has_gpus: bool) -> tuple[list[str], list[str]]:
     """Strategy names to try, in strategy=auto's order, and why the others cannot be used here."""
     names, skipped = [], []
-    model_parallel = int(cfg.parallel.tp) * int(cfg.parallel.pp) > 1
+    model_parallel = int(cfg.parallel.tp) * int(cfg.parallel.pp) * int(cfg.parallel.get("cp", 1)) > 1
     for name in AUTO_SINGLE if world == 1 and not model_parallel else AUTO_MULTI:
         why_not = unavailable(name, cfg, has_gpus)
         if model_parallel and name.split("+")[0] not in COMPOSABLE:
-            why_not = "does not compose with parallel.tp/pp"
+            why_not = "does not compose with parallel.tp/pp/cp"
         if why_not:
             skipped.append(f"{name}: {why_not}")
         elif not (cfg.strategy.activation_checkpointing and not name.endswith("+ac")):

@@ -205,7 +205,8 @@ def make_plan(cfg: DictConfig) -> Plan:
     refusal = _deferred(cfg, check_composable, cfg, degrees)
     fit = None
     if shape is not None:
-        fit_args = (cfg, dp, nodes, model_parallel_shape(shape, degrees), local_gpus)
+        # The states shard over the data-parallel ranks, and over the context-parallel ones with them (parallel.cp).
+        fit_args = (cfg, dp * degrees.cp, nodes, model_parallel_shape(shape, degrees), local_gpus)
         try:
             fit = check_fit(*fit_args, refuse=not cfg.launcher.prepare_only, ranks=world)
         except ConfigError as err:

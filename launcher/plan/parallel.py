@@ -1,8 +1,9 @@
 """Tensor, pipeline and data parallel degrees on one device mesh, laid onto the cluster: checked before launch.
 
-Mesh dimensions, outermost first: data-parallel replicas (HSDP), data-parallel shards (FSDP), pipeline stages,
-tensor-parallel ranks. Rank r = ((dp * pp) + stage) * tp + t: tensor-parallel ranks are neighbours (one node,
-NVLink), a data-parallel group's stages follow each other (consecutive nodes), data parallelism is outermost.
+Mesh dimensions, outermost first: data-parallel replicas (HSDP), data-parallel shards (FSDP), context-parallel
+ranks, pipeline stages, tensor-parallel ranks. Rank r = (((dp * cp) + c) * pp + stage) * tp + t: tensor-parallel
+ranks are neighbours (one node, NVLink), then a sequence's context-parallel ranks, a data-parallel group's stages
+follow each other (consecutive nodes), data parallelism is outermost.
 Pure arithmetic; no torch.
 """
 
@@ -30,6 +31,7 @@ class Degrees:
     dp: int
     ranks_per_node: int
     virtual: int  # model chunks per pipeline rank (interleaved schedule)
+    cp: int = 1  # context-parallel ranks sharing each sequence (taken from the data-parallel ranks)
 
     @property
     def model_parallel(self) -> int:
@@ -39,12 +41,14 @@ class Degrees:
 def degrees(cfg: DictConfig, world: int, ranks_per_node: int) -> Degrees:
     p = cfg.parallel
     virtual = int(p.pp_virtual_stages) if p.pp_schedule == "interleaved_1f1b" else 1
-    return Degrees(int(p.tp), int(p.pp), max(1, world // (int(p.tp) * int(p.pp))), ranks_per_node, virtual)
+    cp = int(p.get("cp", 1))
+    return Degrees(int(p.tp), int(p.pp), max(1, world // (int(p.tp) * int(p.pp) * cp)), ranks_per_node, virtual, cp)
 
 
 def check_layout(cfg: DictConfig, world: int, ranks_per_node: int) -> Degrees:
     """Refuse layouts that can't run or would run badly; the message names the fix."""
     d = degrees(cfg, world, ranks_per_node)
+    check_context(cfg, d, world)
     if d.tp == 1 and d.pp == 1:
         return d
     p, m = cfg.parallel, cfg.model
@@ -89,13 +93,51 @@ def check_layout(cfg: DictConfig, world: int, ranks_per_node: int) -> Degrees:
     return d
 
 
+def check_context(cfg: DictConfig, d: Degrees, world: int) -> None:
+    """parallel.cp: each sequence in 2 x cp equal chunks over cp ranks of slurmtrain's transformer."""
+    if d.cp == 1:
+        return
+    p, m, span = cfg.parallel, cfg.model, d.tp * d.pp * d.cp
+    if world % span:
+        raise ConfigError(f"parallel.tp={d.tp} x parallel.pp={d.pp} x parallel.cp={d.cp} = {span} does not divide the "
+                          f"world size {world}: the degrees (times the data-parallel size) must multiply to {world}")
+    if d.pp > 1:
+        raise ConfigError(f"parallel.cp={d.cp} with parallel.pp={d.pp} is not supported (a pipeline stage's micro "
+                          "batches do not split their sequences yet): use parallel.pp=1, or parallel.cp=1")
+    if m.get("_target_"):
+        raise ConfigError(f"parallel.cp needs slurmtrain's transformer (it splits its attention and positions): "
+                          f"model._target_={m._target_} trains with parallel.cp=1")
+    seq_len = int(cfg.data.seq_len)
+    if seq_len % (2 * d.cp):
+        raise ConfigError(f"data.seq_len={seq_len} does not split into 2 x parallel.cp = {2 * d.cp} equal chunks (each "
+                          f"rank holds a head and a tail chunk): use a data.seq_len that is a multiple of {2 * d.cp}")
+    if bool(cfg.eval.get("async_jobs", False)):
+        raise ConfigError(f"eval.async_jobs=true with parallel.cp={p.cp}: evaluation jobs have no context-parallel "
+                          "layout yet; set eval.async_jobs=false and eval.every=N (in-loop validation splits "
+                          "sequences as training does)")
+    harness = cfg.eval.get("harness")
+    if harness is not None and harness.get("tasks"):
+        raise ConfigError(f"eval.harness.tasks with parallel.cp={p.cp}: harness requests run whole sequences on "
+                          "each rank; train with parallel.cp=1, or drop eval.harness.tasks")
+
+
 def check_composable(cfg: DictConfig, d: Degrees) -> None:
-    """The data-parallel strategy must work on the tensor / pipeline mesh (a dry run still shows the plan)."""
-    if d.model_parallel == 1:
+    """The data-parallel strategy must work on the tensor / pipeline / context mesh (a dry run still shows the
+    plan)."""
+    if d.model_parallel == 1 and d.cp == 1:
         return
     if cfg.strategy.name not in COMPOSABLE:
-        raise ConfigError(f"parallel.tp/pp compose with FSDP, HSDP or DDP, not strategy={cfg.strategy.name}: use "
+        dims = "parallel.tp/pp" if d.cp == 1 else "parallel.tp/pp/cp"
+        raise ConfigError(f"{dims} compose with FSDP, HSDP or DDP, not strategy={cfg.strategy.name}: use "
                           "strategy=fsdp")
+    if d.cp > 1 and cfg.strategy.name == "single":
+        raise ConfigError(f"parallel.cp={d.cp} averages gradients over the ranks that share a sequence, which "
+                          "strategy=single does not: use strategy=fsdp or strategy=ddp")
+    if d.cp > 1 and d.model_parallel > 1 and cfg.strategy.name == "ddp":
+        raise ConfigError(f"strategy=ddp does not compose with parallel.tp/pp and parallel.cp={d.cp}: use "
+                          "strategy=fsdp (or hsdp)")
+    if d.model_parallel == 1:
+        return
     if d.dp > 1 and cfg.strategy.name == "ddp":
         raise ConfigError(f"strategy=ddp does not compose with parallel.tp/pp over {d.dp} replicas: use "
                           "strategy=fsdp (or hsdp)")
@@ -123,7 +165,7 @@ def coordinates(rank: int, d: Degrees) -> tuple[int, int, int]:
     """(data-parallel index, pipeline stage, tensor-parallel index) of a global rank."""
     t = rank % d.tp
     stage = (rank // d.tp) % d.pp
-    return rank // d.model_parallel, stage, t
+    return rank // (d.model_parallel * d.cp), stage, t
 
 
 def placement(d: Degrees, world: int) -> list[str]:
@@ -131,12 +173,12 @@ def placement(d: Degrees, world: int) -> list[str]:
     lines = []
     for node in range(max(1, world // d.ranks_per_node)):
         ranks = range(node * d.ranks_per_node, min(world, (node + 1) * d.ranks_per_node))
-        parts: dict[tuple[int, int], list[int]] = {}
+        parts: dict[tuple[int, int, int], list[int]] = {}
         for r in ranks:
             dp, stage, t = coordinates(r, d)
-            parts.setdefault((dp, stage), []).append(t)
-        groups = [f"dp {dp} stage {stage} tp {tps[0]}-{tps[-1]}" if len(tps) > 1 else f"dp {dp} stage {stage} tp {tps[0]}"
-                  for (dp, stage), tps in parts.items()]
+            parts.setdefault((dp, (r // d.model_parallel) % d.cp, stage), []).append(t)
+        groups = [f"dp {dp}{f' cp {c}' if d.cp > 1 else ''} stage {stage} tp {tps[0]}"
+                  + (f"-{tps[-1]}" if len(tps) > 1 else "") for (dp, c, stage), tps in parts.items()]
         lines.append(f"node {node}: ranks {ranks[0]}-{ranks[-1]}: {'; '.join(groups)}")
     return lines
 
@@ -146,20 +188,30 @@ def tp_spans_nodes(d: Degrees, world: int) -> bool:
 
 
 def summary_lines(d: Degrees, world: int, micro_batches: int) -> list[str]:
+    if d.cp > 1 and d.tp == 1 and d.pp == 1:
+        return [context_line(d, world)]
     if d.tp == 1 and d.pp == 1:
         return []
-    lines = [f"layout: tensor-parallel {d.tp} x pipeline {d.pp} x data-parallel {d.dp} = {world} ranks"
+    lines = [f"layout: tensor-parallel {d.tp} x pipeline {d.pp}" + (f" x context-parallel {d.cp}" if d.cp > 1 else "")
+             + f" x data-parallel {d.dp} = {world} ranks"
              + (" (tensor parallelism spans nodes: forced)" if tp_spans_nodes(d, world) else "")]
     shown = placement(d, world)
     lines += [f"  {line}" for line in shown[:4]]
     if len(shown) > 4:
         lines.append(f"  ... {len(shown) - 4} more node(s) the same way")
+    if d.cp > 1:
+        lines.append(context_line(d, world))
     if d.pp > 1:
         share = bubble(d, micro_batches)
         lines.append(f"pipeline: {micro_batches} micro batches per step, bubble {share:.1%} of each step"
                      + (f" (warning: above {BUBBLE_WARN:.0%}: raise trainer.grad_accum_steps or use "
                         "parallel.pp_schedule=interleaved_1f1b)" if share > BUBBLE_WARN else ""))
     return lines
+
+
+def context_line(d: Degrees, world: int) -> str:
+    return (f"context-parallel {d.cp}: each sequence in {2 * d.cp} chunks, a head and a tail on each of {d.cp} "
+            f"neighbouring ranks (x tensor-parallel {d.tp}) x data-parallel {d.dp} = {world} ranks; activations / {d.cp}")
 
 
 def model_parallel_shape(shape: Any, d: Degrees) -> Any:

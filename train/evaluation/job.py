@@ -40,6 +40,8 @@ def for_world(cfg: Any, world_size: int) -> None:
     from contract.errors import ConfigError
 
     t = cfg.trainer
+    with open_dict(cfg):  # forward only: whole sequences on each rank (a checkpoint loads onto any layout)
+        cfg.parallel.cp = 1
     dp = world_size // (int(cfg.parallel.tp) * int(cfg.parallel.pp))
     per_step = int(t.micro_batch_size) * dp
     if dp < 1 or int(t.global_batch_size) % per_step:

@@ -41,16 +41,22 @@ def dense_mask(document_ids: torch.Tensor) -> torch.Tensor:
 
 def flex_mask(document_ids: torch.Tensor, compiled: bool = True) -> Any:
     """The same rule as a flex attention BlockMask (heads broadcast)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     docs = document_ids
 
     def block_causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
         return (docs[b, q] == docs[b, kv]) & (q >= kv)
 
+    return block_mask(block_causal, docs.shape[0], docs.shape[1], docs.shape[1], docs.device, compiled)
+
+
+def block_mask(rule: Any, batch: int | None, q_len: int, kv_len: int, device: torch.device,
+               compiled: bool = True) -> Any:
+    """A flex attention BlockMask of `rule(b, h, q, kv)` (heads broadcast; batch None: broadcast too)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
     make = _compiled.setdefault("create_block_mask", torch.compile(create_block_mask)) if compiled else \
         create_block_mask
-    return make(block_causal, docs.shape[0], None, docs.shape[1], docs.shape[1], device=docs.device)
+    return make(rule, batch, None, q_len, kv_len, device=device)
 
 
 def uses_flex(device: torch.device) -> bool:

@@ -92,6 +92,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2)
 
 
+def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention: each key/value head repeated for the query heads that share it."""
+    if k.shape[1] != q.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    return k, v
+
+
 class Attention(nn.Module):
     """Separate q, k, v projections: tensor parallelism splits each by heads (a fused kv would split into k on one
     rank and v on the other). `n_heads` and `n_kv_heads` are this rank's heads."""
@@ -125,10 +133,11 @@ class Attention(nn.Module):
             if start and t > 1:  # new positions after cached ones: each sees the cache and the new ones up to itself
                 seen = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
             causal = not start
-        if k.shape[1] != q.shape[1]:
-            repeat = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         dropout = self.dropout if self.training else 0.0
+        attend = getattr(mask, "attend", None)
+        if attend is not None:  # context parallelism: the group's keys and values (before the GQA repeat)
+            return self.out(attend(q, k, v, dropout).transpose(1, 2).reshape(b, t, -1))
+        k, v = repeat_kv(q, k, v)
         if mask is not None:
             y = masked_attention(q, k, v, mask, dropout)
         else:
@@ -225,12 +234,17 @@ class Transformer(nn.Module):
         """Logits (a later pipeline stage's input and output: hidden states). With a `cache` (generation, one
         process): `tokens` are the positions after the cached ones, and their keys and values join it. With
         `document_ids` ([batch, seq], data.document_mask; every pipeline stage gets them): attention within each
-        document and positions from each document's start (train/model/document_mask.py)."""
+        document and positions from each document's start (train/model/document_mask.py). With a `context`
+        (parallel.cp, train/strategies/context_parallel.py): `tokens` are this rank's chunks of each sequence,
+        `document_ids` the whole sequence's, and the logits are its chunks'."""
         start, positions, mask = 0, None, None
         if cache is not None:
             cache.check_room(tokens.shape[1])
             start = cache.length
-        if document_ids is not None:
+        context = getattr(self, "context", None)  # parallel.cp: `tokens` are this rank's share of each sequence
+        if context is not None and cache is None:
+            positions, mask = context.prepare(tokens.shape[1], document_ids, tokens.device)
+        elif document_ids is not None:
             if cache is not None:
                 raise ValueError("document_ids and a key/value cache together: generation runs one document")
             positions, mask = positions_in_documents(document_ids), attention_mask(document_ids)
@@ -242,8 +256,9 @@ class Transformer(nn.Module):
         else:
             x = tokens  # a later pipeline stage: the previous stage's hidden state
         rope = (self.rope_cos[start:], self.rope_sin[start:]) if self.cfg.position == "rope" else None  # type: ignore[index]
-        if rope is not None and positions is not None:
-            rope = (self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1))  # type: ignore[index]
+        if rope is not None and positions is not None:  # each token's own position: [t] or [b, 1, t] tables
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # type: ignore[index]
+            rope = (cos, sin) if positions.dim() == 1 else (cos.unsqueeze(1), sin.unsqueeze(1))
         for index, block in enumerate(self.blocks.values()):
             if cache is not None:
                 x = block(x, rope, cache.layer(index))

@@ -1,4 +1,13 @@
-"""One Strategy protocol, one module per backend. Nothing outside this package branches on a strategy's name."""
+"""One Strategy protocol, one module per backend. Nothing outside this package branches on a strategy's name.
+
+    base.py               the protocol and the torch-native implementation the wrappers share
+    single.py ddp.py fsdp.py deepspeed.py   the backends
+    mesh.py               the device mesh: data x context x pipeline x tensor parallel
+    tensor_parallel.py    Megatron's column / row split of the transformer (DTensor)
+    pipeline.py           pipeline stages and their schedules
+    context_parallel.py   every sequence split over parallel.cp ranks: head-tail chunks, their attention
+    limits.py             what a backend can't shard (one-line refusals)
+"""
 
 from __future__ import annotations
 

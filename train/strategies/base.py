@@ -43,6 +43,10 @@ class Strategy:
         # decide which samples this rank trains on (tensor-parallel peers and a replica's stages share them).
         self.layout: Any = None
         self.dp_rank, self.dp_size = env.rank, env.world_size
+        # Context parallelism (parallel.cp, train/strategies/context_parallel.py): the ranks that share each
+        # sequence, and this rank's share (None without).
+        self.cp: int = 1
+        self.context: Any = None
         # A pipeline stage runs whole steps through its schedule (train/strategies/pipeline.py); with an
         # interleaved schedule a rank runs several stages (`parts`, views of its model), else the model is the part.
         self.pipeline: Any = None
@@ -89,6 +93,13 @@ class Strategy:
 
             self.layout = build_layout(self.cfg, self.env, self.device.type)
             self.dp_rank, self.dp_size = self.layout.dp_rank, self.layout.dp
+            if self.layout.cp > 1:
+                from train.strategies.context_parallel import ContextShard, attach
+
+                self.cp, mesh = self.layout.cp, self.layout.mesh["cp"]
+                self.context = ContextShard(mesh.get_group(), self.cp, self.layout.cp_rank, mesh,
+                                            cuda=self.device.type == "cuda")
+                attach(model, self.context)
             if self.layout.pp > 1:  # this rank's stages: their layers only (names kept, for checkpoints)
                 layers = rank_layers(self.cfg.model.n_layers, self.layout.pp, self.virtual_stages,
                                      self.layout.pp_rank)
@@ -120,6 +131,11 @@ class Strategy:
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         if self.compute_dtype == torch.float16:
             self.scaler = self.make_scaler()
+
+    def split_sequence(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This rank's share of full-sequence [batch, seq] tensors (inputs, targets): all of them, or with
+        parallel.cp its head and tail chunks."""
+        return tensors if self.context is None else tuple(self.context.local(x) for x in tensors)
 
     # -- one optimizer step --------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:

@@ -21,11 +21,14 @@ class DDPStrategy(Strategy):
         return unused_refusal(name, unused or [])
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        if self.dp_size == 1 or not self.trains:  # one replica, or forward only: no gradients to all-reduce
+        if self.dp_size * self.cp == 1 or not self.trains:  # one replica, or forward only: nothing to all-reduce
             return model
         s = self.cfg.strategy
+        # parallel.cp: the data-parallel x context-parallel ranks (train/strategies/mesh.py), else the world.
+        group = self.layout.grad_mesh().get_group() if self.layout is not None else None
         return DistributedDataParallel(
             model,
+            process_group=group,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             bucket_cap_mb=s.bucket_cap_mb,
             gradient_as_bucket_view=s.gradient_as_bucket_view,

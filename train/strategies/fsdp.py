@@ -43,8 +43,8 @@ class FSDPStrategy(Strategy):
         return dtype_refusal(name, "the model outside its blocks", root, "strategy=ddp")
 
     def mesh(self) -> DeviceMesh:
-        if self.layout is not None:  # tensor / pipeline parallel: shard over the data-parallel dimensions
-            return self.layout.dp_mesh()  # type: ignore[no-any-return]
+        if self.layout is not None:  # tensor / pipeline / context parallel: shard over data (x context) parallel
+            return self.layout.grad_mesh()  # type: ignore[no-any-return]
         world = self.env.world_size
         if self.name != "hsdp":
             return init_device_mesh(self.device.type, (world,), mesh_dim_names=("shard",))
