@@ -48,6 +48,7 @@ def test_trained_model_scores_above_0_9_and_untrained_weights_near_chance(traine
     assert 0 < start[STDERR] < 0.1
     assert abs(start[ACC] - chance) <= 2 * start[STDERR], start
     assert all("val/val/loss" in row for row in rows.values())  # in the same pass as the validation loss
+    assert all(row[f"harness/{TASK}/chance"] == chance for row in rows.values())  # drawn on harness.png
 
 
 def test_two_fsdp_ranks_score_as_one_rank(trained: dict[str, Any]) -> None:
