@@ -339,3 +339,19 @@ def test_a_chat_template_the_export_renders_otherwise_fails_the_export(
     err = capsys.readouterr().err
     assert "apply_chat_template encodes" in err and "launcher.sample --chat" in err, err
     assert not (tmp_path / "x").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_launch_plan_warns_when_the_model_cannot_be_exported_to_hugging_face() -> None:
+    """Issue 36, item 13: a run of hours finds out only at launcher.export --format hf; the plan says so at launch,
+    in one line, and the families Hugging Face has get no such line."""
+    from launcher.compose import compose_and_plan
+
+    _, plan = compose_and_plan(["model=tiny", "model.position=learned", "launcher.dry_run=true"])
+    warnings = [line for line in plan.summary().splitlines() if "Hugging Face" in line]
+    assert len(warnings) == 1 and warnings[0].strip().startswith("warning: launcher.export --format hf will refuse"), \
+        plan.summary()
+    assert "no Hugging Face class computes model.position=learned" in warnings[0]
+    hf_model = ["model=hf_causal_lm", f"model.config_path={Path(__file__).parents[1] / 'fixtures' / 'tiny_llama'}"]
+    for family in (["model=tiny"], ["model=tiny", *FAMILIES["gpt2"]], hf_model):
+        _, plan = compose_and_plan([*family, "launcher.dry_run=true"])
+        assert "Hugging Face" not in plan.summary(), family
