@@ -88,6 +88,10 @@ def test_launcher_evaluate_writes_the_numbers_of_the_in_loop_pass(trained: dict[
     for key in (ACC, STDERR, "val/val/loss"):
         assert result[key] == pytest.approx(in_loop[key], rel=1e-6), key
     assert f"{TASK}/acc" in out.stdout
+    # issue 36, item 4: lm_eval's `git describe` outside a repository and its progress bars, torch's single-process
+    # loading warning
+    for noise in ("fatal: not a git repository", "it/s]", "assuming the intent is to load in a single process"):
+        assert noise not in out.stdout + out.stderr, (noise, out.stderr[-3000:])
     # A later evaluation replaces the values it measures and keeps the rest: here the losses only.
     out = evaluate(str(run_dir), "--step", str(EVERY), "eval.harness.tasks=[]")
     assert out.returncode == 0, out.stderr[-3000:]

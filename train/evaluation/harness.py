@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from contract.errors import ConfigError
 from contract.rules import harness as rules
+from train.observe import quiet
 
 # DISABLE_MULTIPROC: lm_eval's bootstrap_stderr (perplexity, f1, bleu, median, ... stderrs) otherwise forks a
 # multiprocessing.Pool from the rank's process, whose other threads may hold a lock at the fork: the forked worker
@@ -63,6 +64,7 @@ class Harness:
         every task named, else lm_eval's own tasks too."""
         if self._manager is None:
             go_offline()
+            quiet.harness_notices()
             logging.getLogger("lm_eval").setLevel(logging.WARNING)
             from lm_eval.tasks import TaskManager
 

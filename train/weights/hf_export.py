@@ -150,8 +150,10 @@ def export_hf(cfg: Any, state: dict[str, torch.Tensor], out: Path, dtype: str = 
     """Write `state` (the checkpoint's weights under our model's names) as a Hugging Face directory at `out`,
     verified unless `verify_it` is False. ConfigError for what can't be exported; ExportMismatch (nothing left at
     `out`) when the written directory does not reproduce the model."""
+    from train.observe import quiet
     from train.weights import hf_tokenizer
 
+    quiet.deepspeed_cpu_notice()
     quiet_transformers()
     tokenizer, why_none = run_tokenizer(cfg.data)
     config, hf_state = hf_form(cfg.model, state, tokenizer.eod_id if tokenizer else None)
