@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         "file out, counted in the summary and the manifest) or replace (with U+FFFD); default: skip for files "
         "found in a directory or by a glob, strict for files named one by one",
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at a file found in a directory or by a glob whose first record is not in its extension's format "
+        "(a .json or .json.gz that is not JSON Lines, a .parquet that is not Parquet), naming every --exclude "
+        "needed; default: skip it (counted in the summary and the manifest), as binary files are",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="the prepared dataset directory")
     p.add_argument(
         "--tokenizer",
@@ -212,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     argv, cluster, cluster_overrides = _split_cluster(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     try:
-        from launcher.prepare.documents import check_columns
+        from launcher.prepare.documents import check_columns, check_formats
         from launcher.prepare.filters import canonical
         from launcher.prepare.inputs import resolve_inputs
         from launcher.prepare.tokenizer import load_tokenizer
@@ -228,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             include=canonical(args.include),
             exclude=canonical(args.exclude),
             encoding_errors=args.encoding_errors,
+            strict=args.strict,
             prompt_field=args.prompt_field,
             response_field=args.response_field,
             messages_field=args.messages_field,
@@ -242,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             check_sft_options(options, template, args.tokenizer, inputs)
             options = replace(options, chat_template=None if template is None else template.sha256)
         check_columns(inputs, options.read)
+        check_formats(inputs, options.read)
         plan = make_plan(out, tokenizer, options, inputs)
         if cluster is not None:
             from launcher.prepare.slurm import submit
