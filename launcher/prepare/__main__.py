@@ -79,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
         "ids 0-255, end of document 256)",
     )
     p.add_argument(
+        "--train-tokenizer",
+        metavar="bpe:VOCAB",
+        help="train a byte-level BPE of VOCAB tokens (the `tokenizers` library) on the documents this preparation "
+        "selects and reads, save it where --tokenizer DIR names (as save_pretrained writes one: tokenizer.json, "
+        "tokenizer_config.json with the end-of-document token as eos_token), then prepare with it; the same "
+        "command again keeps it",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="with --train-tokenizer: a Jinja chat template saved beside it as chat_template.jinja",
+    )
+    p.add_argument(
         "--eod-token",
         metavar="TOKEN",
         help="the token appended after every document (default: the tokenizer's eos_token, else "
@@ -240,9 +253,29 @@ def main(argv: list[str] | None = None) -> int:
             response_field=args.response_field,
             messages_field=args.messages_field,
         )
+        if args.chat_template is not None and args.train_tokenizer is None:
+            raise ConfigError("--chat-template goes with --train-tokenizer (saved beside the tokenizer it trains): add "
+                              "--train-tokenizer bpe:VOCAB, or put the template in your tokenizer's directory as "
+                              "chat_template.jinja")
+        sft = bool(args.prompt_field or args.response_field or args.messages_field)
+        trained = None
+        if args.train_tokenizer is not None:
+            from launcher.prepare import train_tokenizer
+
+            trained = train_tokenizer.check_request(args.train_tokenizer, args.tokenizer, args.chat_template, sft)
         inputs = resolve_inputs(args.inputs, out, options.filters)
+        if trained is not None:
+            check_columns(inputs, options.read)
+            check_formats(inputs, options.read)
+            vocab, directory, template = trained
+            eod = args.eod_token or train_tokenizer.DEFAULT_EOD
+            training = train_tokenizer.training_of(vocab, eod, template, options.read, inputs)
+            if train_tokenizer.already_trained(directory, training):
+                print(f"tokenizer {directory}: trained on these documents already ({train_tokenizer.RECORD})")
+            else:
+                print(train_tokenizer.train(directory, training, template, inputs, options.read))
         tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
-        if args.prompt_field or args.response_field or args.messages_field:
+        if sft:
             from contract.data.sft import chat_template
             from launcher.prepare.sft_records import check_sft_options
 
