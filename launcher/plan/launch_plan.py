@@ -15,8 +15,8 @@ from omegaconf import DictConfig, open_dict
 from contract.errors import ConfigError
 from contract.rules.eval_jobs import check_eval_jobs
 from contract.rules.eval_sets import check_eval
-from contract.rules.hf_export import export_warning
 from contract.rules.eval_sets import plan_line as eval_plan_line
+from contract.rules.hf_export import export_warning
 from contract.rules.keep_best import check_keep_best
 from contract.rules.optimizers import check_optim, plan_line
 from contract.rules.stability_checks import check_stability

@@ -267,13 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         if trained is not None:
             check_columns(inputs, options.read)
             check_formats(inputs, options.read)
-            vocab, directory, template = trained
+            vocab, directory, template_text = trained
             eod = args.eod_token or train_tokenizer.DEFAULT_EOD
-            training = train_tokenizer.training_of(vocab, eod, template, options.read, inputs)
+            training = train_tokenizer.training_of(vocab, eod, template_text, options.read, inputs)
             if train_tokenizer.already_trained(directory, training):
                 print(f"tokenizer {directory}: trained on these documents already ({train_tokenizer.RECORD})")
             else:
-                print(train_tokenizer.train(directory, training, template, inputs, options.read))
+                print(train_tokenizer.train(directory, training, template_text, inputs, options.read))
         tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
         if sft:
             from contract.data.sft import chat_template
