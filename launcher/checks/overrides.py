@@ -52,8 +52,9 @@ def as_typed(key: str, value: object) -> str:
     """`key=VALUE` for an error line: the value as the user typed it when an override set the key itself
     (`optim.lr=-1e-3`, not the -0.001 the config holds), else as contract.errors.shown writes it."""
     typed_text = typed_exactly(key)
-    if typed_text is not None:
-        return f"{key}={typed_text.split('=', 1)[1]}"
+    raw = None if typed_text is None else typed_text.split("=", 1)[1]
+    if raw is not None and not set(raw) & set("${}[]"):  # an interpolation or a list: what it resolved to says more
+        return f"{key}={raw}"
     return f"{key}={shown(value)}"
 
 
