@@ -10,7 +10,8 @@ its prepared dataset names); a run without one (synthetic data, token files, a d
 prompt as ids with --tokens, or names a tokenizer with --tokenizer (`bytes`, a tokenizer.json or a directory
 holding one). --chat renders the prompt as a user turn with the tokenizer's chat template and its generation prompt
 (contract/data/sft.py, as launcher.prepare rendered supervised fine-tuning chats) and prints only the reply.
-Prints the prompt and its continuation: as text when the run has a tokenizer, as ids otherwise (or with --ids).
+Prints the prompt and its continuation (with --chat, the reply alone): as text when the run has a tokenizer, as ids
+otherwise (or with --ids).
 Generation stops early at the run's end-of-document id.
 """
 
@@ -136,7 +137,7 @@ def sample(args: argparse.Namespace) -> str:
                                 cache=not args.no_cache)
     new = sampler.sample(checkpoint.path, cfg.model, ids, sampling)
     if tokenizer is None or args.ids:
-        return ",".join(map(str, ids + new))
+        return ",".join(map(str, new if args.chat else ids + new))
     if new and new[-1] == stop_id:
         new = new[:-1]
         print("sample: stopped at the end-of-document id", file=sys.stderr)
@@ -161,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sample")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely ids (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
-    parser.add_argument("--ids", action="store_true", help="print token ids, not text")
+    parser.add_argument("--ids", action="store_true",
+                        help="print token ids, not text (with --chat, the reply's ids, its end-of-document id "
+                        "included when it stopped there)")
     parser.add_argument("--no-cache", action="store_true",
                         help="re-run the whole window for every new token instead of reading the key/value cache "
                         "(slower; the same output)")

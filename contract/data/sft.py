@@ -111,12 +111,31 @@ def chat_template(tokenizer_json: str | None) -> ChatTemplate | None:
         template = named.get("default")
     if not isinstance(template, str) or not template.strip():
         return None
+    return ChatTemplate(str(source), template, _special_tokens(raw))
+
+
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+def _special_tokens(raw: dict[str, Any]) -> dict[str, str]:
     tokens = {}
-    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+    for key in SPECIAL_TOKEN_KEYS:
         value = raw.get(key)
         value = value.get("content") if isinstance(value, dict) else value
         tokens[key] = value if isinstance(value, str) else ""
-    return ChatTemplate(str(source), template, tokens)
+    return tokens
+
+
+def special_tokens(tokenizer_json: str | None) -> dict[str, str]:
+    """bos_token, eos_token, pad_token, unk_token as the tokenizer_config.json beside a tokenizer.json names them
+    ("" where it names none, or has no such file)."""
+    raw: Any = {}
+    if tokenizer_json is not None:
+        try:
+            raw = json.loads((Path(tokenizer_json).parent / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raw = {}
+    return _special_tokens(raw if isinstance(raw, dict) else {})
 
 
 def _text(record: dict[str, Any], field: str, what: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from contract.errors import ConfigError
+from contract.errors import ConfigError, shown
 
 _DROP = "or drop data.document_mask"
 
@@ -40,7 +40,7 @@ def check_document_mask(cfg: Any, on_gpus: bool) -> None:
             raise ConfigError(_unprepared(spec.key, spec.path))
     _check_eval_sets(cfg)
     if on_gpus and float(m.dropout) > 0:
-        raise ConfigError(f"model.dropout={m.dropout} with data.document_mask=true on GPUs: flex attention has no "
+        raise ConfigError(f"model.dropout={shown(m.dropout)} with data.document_mask=true on GPUs: flex attention has no "
                           "attention dropout; set model.dropout=0")
 
 

@@ -67,10 +67,14 @@ def result_values(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+CHANCE = "chance"  # harness/TASK/chance: a multiple-choice task's chance accuracy (no score: drawn as a line)
+
+
 def scores(row: dict[str, Any]) -> dict[str, float]:
-    """A row's harness scores without their stderrs: {TASK/METRIC: value}."""
+    """A row's harness scores without their stderrs (nor a task's chance level): {TASK/METRIC: value}."""
     return {k[len(PREFIX):]: v for k, v in row.items()
-            if k.startswith(PREFIX) and "_stderr" not in k and isinstance(v, int | float)}
+            if k.startswith(PREFIX) and "_stderr" not in k and not k.endswith(f"/{CHANCE}")
+            and isinstance(v, int | float)}
 
 
 def describe(values: dict[str, float]) -> str:

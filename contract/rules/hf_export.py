@@ -1,5 +1,6 @@
 """Which runs export as a Hugging Face model: one rule for `python -m launcher.export --format hf` (before the
-checkpoint is read) and checkpoint.export_hf=true (at launch, before anything runs)."""
+checkpoint is read), checkpoint.export_hf=true (at launch, before anything runs) and the launch plan's warning for a
+model that will not export (a run of hours should not find out at its end)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,15 @@ def refuse_unexportable(model: Any, asked: str, instead: str) -> None:
         family(model)
     except ConfigError as err:
         raise ConfigError(f"{asked}: {err}; {instead}") from None
+
+
+def export_warning(model: Any) -> str | None:
+    """The launch plan's line for slurmtrain's transformer in a shape no Hugging Face class computes; None for one
+    that exports, and for a model of the user's own (never exported as Hugging Face, which they know)."""
+    if model.get("_target_"):
+        return None
+    try:
+        family(model)
+    except ConfigError as err:
+        return f"warning: launcher.export --format hf will refuse this model ({err}); --format safetensors exports it"
+    return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from contract.errors import ConfigError
+from contract.errors import ConfigError, shown
 
 
 def check_stability(cfg: Any) -> None:
@@ -17,19 +17,19 @@ def check_stability(cfg: Any) -> None:
 
         for key, value in s.items():
             if key != "enabled" and value != getattr(StabilityConfig, key, value):
-                raise ConfigError(f"stability.{key}={value} has no effect with stability.enabled=false (no checks run): "
+                raise ConfigError(f"stability.{key}={shown(value)} has no effect with stability.enabled=false (no checks run): "
                                   f"drop it, or set stability.enabled=true")
     deepspeed = cfg.strategy.get("backend") == "deepspeed"
     if s.enabled and float(s.spike_sigma) > 0:
         if deepspeed:
-            raise ConfigError(f"stability.spike_sigma={s.spike_sigma} with strategy={cfg.strategy.name}: DeepSpeed's "
+            raise ConfigError(f"stability.spike_sigma={shown(s.spike_sigma)} with strategy={cfg.strategy.name}: DeepSpeed's "
                               "engine applies its own update, which a spike can't stop; use strategy=fsdp (ZeRO-3 "
                               "layout) or set stability.spike_sigma=0")
         if cfg.precision.compute_dtype == "float16":
-            raise ConfigError(f"stability.spike_sigma={s.spike_sigma} with precision=fp16: the loss scaler decides "
+            raise ConfigError(f"stability.spike_sigma={shown(s.spike_sigma)} with precision=fp16: the loss scaler decides "
                               "which fp16 steps are applied; use precision=bf16 or set stability.spike_sigma=0")
     if float(cfg.optim.get("z_loss", 0.0)) > 0 and int(cfg.parallel.pp) > 1:
-        raise ConfigError(f"optim.z_loss={cfg.optim.z_loss} with parallel.pp={cfg.parallel.pp}: the pipeline "
+        raise ConfigError(f"optim.z_loss={shown(cfg.optim.z_loss)} with parallel.pp={cfg.parallel.pp}: the pipeline "
                           "schedule computes its own loss; set optim.z_loss=0 or train with parallel.pp=1")
 
 

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from contract.rules.harness import PREFIX, describe
+from contract.rules.harness import CHANCE, PREFIX, describe
 from contract.rundir.validation_log import SOURCES
 
 STDERR = "_stderr"
@@ -29,6 +29,17 @@ def scores_by_step(run_dir: Path) -> dict[int, dict[str, float]]:
             if values:
                 out.setdefault(int(row["step"]), {}).update(values)
     return dict(sorted(out.items()))
+
+
+def chance(run_dir: Path) -> dict[str, float]:
+    """{TASK: its chance accuracy} for the multiple-choice tasks scored (the newest value of each)."""
+    out: dict[str, float] = {}
+    for values in scores_by_step(run_dir).values():
+        for key, value in values.items():
+            task, _, metric = key[len(PREFIX):].rpartition("/")
+            if task and metric == CHANCE:
+                out[task] = value
+    return out
 
 
 def latest(run_dir: Path) -> dict[str, Any] | None:
@@ -52,7 +63,7 @@ def curves(run_dir: Path) -> dict[str, dict[str, list[tuple[int, float, float | 
         for key, value in values.items():
             task, _, metric = key[len(PREFIX):].rpartition("/")
             name, _, filt = metric.partition(",")
-            if not task or name.endswith(STDERR):
+            if not task or name.endswith(STDERR) or name == CHANCE:
                 continue
             stderr = _number(values.get(f"{PREFIX}{task}/{name}{STDERR}" + (f",{filt}" if filt else "")))
             out.setdefault(task, {}).setdefault(metric, []).append(

@@ -46,16 +46,21 @@ def first_validation_loss(run_dir: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Best:
-    """The complete checkpoint whose step measured best, among `measured` complete checkpoints with a value."""
+    """The complete checkpoint whose step measured best, among the `kept` complete checkpoints with a value; the
+    run measured `measured` steps in all (retention removed the checkpoints of some, others had none)."""
 
     checkpoint: layout.CheckpointDir
     value: float
     ranking: Ranking
+    kept: int
     measured: int
 
     def describe(self) -> str:
-        return (f"step {self.checkpoint.step}, {self.ranking.metric} {self.value:.4f} ({self.ranking.direction}; "
-                f"the best of {self.measured} measured checkpoint{'s' if self.measured != 1 else ''})")
+        among = f"the best of {self.kept} measured checkpoint{'s' if self.kept != 1 else ''}"
+        if self.measured > self.kept:
+            among = (f"the best of the {self.kept} kept checkpoint{'s' if self.kept != 1 else ''}; {self.measured} "
+                     "steps measured")
+        return f"step {self.checkpoint.step}, {self.ranking.metric} {self.value:.4f} ({self.ranking.direction}; {among})"
 
 
 def best_checkpoint(run_dir: Path, ranking: Ranking) -> Best | None:
@@ -66,7 +71,7 @@ def best_checkpoint(run_dir: Path, ranking: Ranking) -> Best | None:
     step = ranking.best({s: measured[s] for s in complete})
     if step is None:
         return None
-    return Best(complete[step], measured[step], ranking, len(complete))
+    return Best(complete[step], measured[step], ranking, len(complete), len(measured))
 
 
 def kept_for_best(run_dir: Path, ranking: Ranking | None) -> set[int]:

@@ -21,6 +21,7 @@ from contract.errors import ConfigError
 from contract.rules.document_mask import check_document_mask
 from contract.rules.document_mask import enabled as document_mask_enabled
 from contract.rules.log_backends import backends
+from launcher.checks.overrides import as_typed
 
 
 def check_run_root(cfg: DictConfig) -> None:
@@ -60,7 +61,7 @@ def check_token_data(cfg: DictConfig) -> None:
         if layout != "packed" and not spec.is_sft:
             raise ConfigError(padded.format(what=f"{spec.key}={spec.path}"))
         if spec.is_sft and cfg.trainer.get("max_tokens") is not None:
-            raise ConfigError(f"trainer.max_tokens={cfg.trainer.max_tokens} counts tokens, and {spec.key}={spec.path} "
+            raise ConfigError(f"{as_typed('trainer.max_tokens', cfg.trainer.max_tokens)} counts tokens, and {spec.key}={spec.path} "
                               "is supervised fine-tuning data whose steps train a varying number of response tokens: "
                               "give trainer.max_steps or trainer.max_epochs")
 

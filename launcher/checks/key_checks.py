@@ -19,10 +19,10 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from contract.config import schema
 from contract.config.suggest import close_key
-from contract.errors import ConfigError
+from contract.errors import ConfigError, shown
 from contract.rules.log_backends import check_logger
 from contract.rules.schedules import DECAY_SHAPES, SCHEDULES
-from launcher.checks.overrides import override_key, typed, typed_for
+from launcher.checks.overrides import as_typed, override_key, typed, typed_for
 
 CHOICES = {
     "model.position": ("rope", "learned"),
@@ -156,7 +156,7 @@ def _unknown(node: dict[str, Any], cls: type, prefix: str) -> None:
 
 
 def _number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+    return shown(x) if float(x).is_integer() else f"{x:g}"
 
 
 def _describe(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
@@ -180,7 +180,7 @@ def _check_value(name: str, value: Any, bounds: tuple[Any, ...]) -> None:
         return
     if not _in_range(value, *bounds):
         finite = "a finite value" if isinstance(value, float) and not math.isfinite(value) else "a value"
-        raise ConfigError(f"{name}={value!r} is out of range: set {name} to {finite} {_describe(*bounds)}")
+        raise ConfigError(f"{as_typed(name, value)} is out of range: set {name} to {finite} {_describe(*bounds)}")
 
 
 def _ranges(cfg: DictConfig, node: dict[str, Any], cls: type, prefix: str) -> None:

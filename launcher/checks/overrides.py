@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from contract.errors import shown
+
 _typed: tuple[str, ...] = ()
 
 
@@ -44,6 +46,16 @@ def typed_for(key: str) -> str | None:
 def typed_exactly(key: str) -> str | None:
     """The typed override of `key` itself (`model=gpt2_124m` for model; not `model.d_model=32`); None if none."""
     return next((o for o in _typed if override_key(o) == key and "=" in o), None)
+
+
+def as_typed(key: str, value: object) -> str:
+    """`key=VALUE` for an error line: the value as the user typed it when an override set the key itself
+    (`optim.lr=-1e-3`, not the -0.001 the config holds), else as contract.errors.shown writes it."""
+    typed_text = typed_exactly(key)
+    raw = None if typed_text is None else typed_text.split("=", 1)[1]
+    if raw is not None and not set(raw) & set("${}[]"):  # an interpolation or a list: what it resolved to says more
+        return f"{key}={raw}"
+    return f"{key}={shown(value)}"
 
 
 def typed() -> tuple[str, ...]:

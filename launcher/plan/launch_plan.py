@@ -16,6 +16,7 @@ from contract.errors import ConfigError
 from contract.rules.eval_jobs import check_eval_jobs
 from contract.rules.eval_sets import check_eval
 from contract.rules.eval_sets import plan_line as eval_plan_line
+from contract.rules.hf_export import export_warning
 from contract.rules.keep_best import check_keep_best
 from contract.rules.optimizers import check_optim, plan_line
 from contract.rules.stability_checks import check_stability
@@ -263,7 +264,8 @@ def make_plan(cfg: DictConfig) -> Plan:
         layout_lines=tuple(summary_lines(degrees, world, accum)),
         data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch) + tuple(
             line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
-        weights_lines=weights_lines(cfg, run_dir, world) + shape_lines,
+        weights_lines=weights_lines(cfg, run_dir, world) + shape_lines + tuple(
+            line for line in [export_warning(cfg.model)] if line),
         max_steps=length.steps,
         optim_line=plan_line(cfg.optim, None if shape is None else shape.optimizer_bytes_per_param(cfg.optim)),
         length_line=length.line,

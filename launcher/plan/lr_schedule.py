@@ -16,6 +16,7 @@ from contract.config.schema import OptimConfig
 from contract.errors import ConfigError
 from contract.rules.schedules import LENGTH_FREE, READS, Schedule
 from contract.rundir import ckpt_layout as layout
+from launcher.checks.overrides import as_typed
 
 
 def check_schedule(cfg: DictConfig) -> Schedule:
@@ -26,9 +27,9 @@ def check_schedule(cfg: DictConfig) -> Schedule:
         if o.schedule not in readers and o.get(key) != getattr(OptimConfig, key):
             fix = (f"only optim.schedule={readers[0]} reads it): drop it or set optim.schedule={readers[0]}"
                    if len(readers) == 1 else f"{', '.join(readers)} read it): drop it or set one of those")
-            raise ConfigError(f"optim.{key}={o.get(key)} has no effect on optim.schedule={o.schedule} ({fix}")
+            raise ConfigError(f"{as_typed(f'optim.{key}', o.get(key))} has no effect on optim.schedule={o.schedule} ({fix}")
     if o.schedule == "wsd" and o.get("decay_start_step") is not None and o.decay_fraction != OptimConfig.decay_fraction:
-        raise ConfigError(f"optim.decay_fraction={o.decay_fraction} has no effect with optim.decay_start_step="
+        raise ConfigError(f"{as_typed('optim.decay_fraction', o.decay_fraction)} has no effect with optim.decay_start_step="
                           f"{o.decay_start_step} (the decay runs from that step to trainer.max_steps): drop one of them")
     schedule = Schedule.from_config(o, cfg.trainer.max_steps)
     refusal = schedule.refusal()

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
-from contract.errors import ConfigError
+from contract.errors import ConfigError, shown
 
 # The length of a run that types no budget.
 DEFAULT_MAX_STEPS = 100
@@ -37,7 +37,7 @@ def settle_length(cfg: DictConfig, global_batch: int, seq_len: int, world: int) 
     t = cfg.trainer
     typed = [k for k in BUDGETS if t.get(k) is not None]
     if len(typed) > 1:
-        raise ConfigError(f"trainer.max_tokens={_number(t.max_tokens)} and trainer.max_epochs={_number(t.max_epochs)} "
+        raise ConfigError(f"trainer.max_tokens={shown(t.max_tokens)} and trainer.max_epochs={shown(t.max_epochs)} "
                           "are both set: keep one budget (drop the other)")
     if t.get("epochs_of") is not None and t.get("max_epochs") is None:
         raise ConfigError(f"trainer.epochs_of={t.epochs_of} has no effect without trainer.max_epochs: drop it, or set "
@@ -45,7 +45,7 @@ def settle_length(cfg: DictConfig, global_batch: int, seq_len: int, world: int) 
     if typed and t.get("max_steps") is not None:
         key = typed[0]
         kind = {"max_tokens": "token", "max_epochs": "epoch"}[key]
-        raise ConfigError(f"trainer.max_steps={t.max_steps} and trainer.{key}={_number(t[key])} are both set: the "
+        raise ConfigError(f"trainer.max_steps={t.max_steps} and trainer.{key}={shown(t[key])} are both set: the "
                           f"{kind} budget is converted to steps by the plan: drop trainer.max_steps")
     if "max_tokens" in typed:
         length = _tokens(t.max_tokens, global_batch * seq_len)
@@ -162,7 +162,7 @@ def length_text(cfg: Any) -> str:
     t = cfg.trainer
     for key in BUDGETS:
         if t.get(key) is not None:
-            return f"trainer.{key}={_number(t[key])} (step {t.max_steps})"
+            return f"trainer.{key}={shown(t[key])} (step {t.max_steps})"
     return f"trainer.max_steps={t.max_steps}"
 
 
@@ -172,5 +172,3 @@ def length_key(cfg: Any) -> str:
     return next((f"trainer.{key}" for key in BUDGETS if t.get(key) is not None), "trainer.max_steps")
 
 
-def _number(value: Any) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)

@@ -4,6 +4,8 @@
   inputs.py     finding input files (files, directories, globs) and reading their documents (binary skipped)
   filters.py    --include / --exclude: which files found in a directory are chosen
   tokenizer.py  loading a tokenizer (a local tokenizer.json or `bytes`) and its end-of-document id
+  train_tokenizer.py  --train-tokenizer bpe:VOCAB: a BPE trained on the documents selected, saved as save_pretrained
+                does, then prepared with
   plan.py       the preparation's identity and its tasks (deterministic groups of input files)
   shards.py     one task: read, split, tokenize, write its shards atomically, then its completion record
   sft_records.py  supervised fine-tuning records (--prompt-field/--response-field, --messages-field): read,

@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         "file out, counted in the summary and the manifest) or replace (with U+FFFD); default: skip for files "
         "found in a directory or by a glob, strict for files named one by one",
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at a file found in a directory or by a glob whose first record is not in its extension's format "
+        "(a .json or .json.gz that is not JSON Lines, a .parquet that is not Parquet), naming every --exclude "
+        "needed; default: skip it (counted in the summary and the manifest), as binary files are",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="the prepared dataset directory")
     p.add_argument(
         "--tokenizer",
@@ -70,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="T",
         help="a local Hugging Face tokenizer.json, a directory holding one, or `bytes` (UTF-8 bytes: "
         "ids 0-255, end of document 256)",
+    )
+    p.add_argument(
+        "--train-tokenizer",
+        metavar="bpe:VOCAB",
+        help="train a byte-level BPE of VOCAB tokens (the `tokenizers` library) on the documents this preparation "
+        "selects and reads, save it where --tokenizer DIR names (as save_pretrained writes one: tokenizer.json, "
+        "tokenizer_config.json with the end-of-document token as eos_token), then prepare with it; the same "
+        "command again keeps it",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="with --train-tokenizer: a Jinja chat template saved beside it as chat_template.jinja",
     )
     p.add_argument(
         "--eod-token",
@@ -212,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     argv, cluster, cluster_overrides = _split_cluster(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     try:
-        from launcher.prepare.documents import check_columns
+        from launcher.prepare.documents import check_columns, check_formats
         from launcher.prepare.filters import canonical
         from launcher.prepare.inputs import resolve_inputs
         from launcher.prepare.tokenizer import load_tokenizer
@@ -228,13 +248,34 @@ def main(argv: list[str] | None = None) -> int:
             include=canonical(args.include),
             exclude=canonical(args.exclude),
             encoding_errors=args.encoding_errors,
+            strict=args.strict,
             prompt_field=args.prompt_field,
             response_field=args.response_field,
             messages_field=args.messages_field,
         )
+        if args.chat_template is not None and args.train_tokenizer is None:
+            raise ConfigError("--chat-template goes with --train-tokenizer (saved beside the tokenizer it trains): add "
+                              "--train-tokenizer bpe:VOCAB, or put the template in your tokenizer's directory as "
+                              "chat_template.jinja")
+        sft = bool(args.prompt_field or args.response_field or args.messages_field)
+        trained = None
+        if args.train_tokenizer is not None:
+            from launcher.prepare import train_tokenizer
+
+            trained = train_tokenizer.check_request(args.train_tokenizer, args.tokenizer, args.chat_template, sft)
         inputs = resolve_inputs(args.inputs, out, options.filters)
+        if trained is not None:
+            check_columns(inputs, options.read)
+            check_formats(inputs, options.read)
+            vocab, directory, template_text = trained
+            eod = args.eod_token or train_tokenizer.DEFAULT_EOD
+            training = train_tokenizer.training_of(vocab, eod, template_text, options.read, inputs)
+            if train_tokenizer.already_trained(directory, training):
+                print(f"tokenizer {directory}: trained on these documents already ({train_tokenizer.RECORD})")
+            else:
+                print(train_tokenizer.train(directory, training, template_text, inputs, options.read))
         tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
-        if args.prompt_field or args.response_field or args.messages_field:
+        if sft:
             from contract.data.sft import chat_template
             from launcher.prepare.sft_records import check_sft_options
 
@@ -242,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             check_sft_options(options, template, args.tokenizer, inputs)
             options = replace(options, chat_template=None if template is None else template.sha256)
         check_columns(inputs, options.read)
+        check_formats(inputs, options.read)
         plan = make_plan(out, tokenizer, options, inputs)
         if cluster is not None:
             from launcher.prepare.slurm import submit

@@ -8,13 +8,16 @@ import codecs
 import io
 import json
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from launcher.prepare.inputs import (
     BINARY,
+    NOT_JSONL,
+    NOT_PARQUET,
     NOT_UTF8,
     BadInput,
     InputFile,
+    NotItsFormat,
     ReadOptions,
     Skipped,
     _binary,
@@ -23,6 +26,7 @@ from launcher.prepare.inputs import (
     _open,
     _read_errors,
     binary_why,
+    format_pattern,
 )
 
 
@@ -30,7 +34,12 @@ def check_columns(files: list[InputFile], options: ReadOptions) -> None:
     """Refuse, before anything is written, a Parquet file without the text column (its schema is cheap to read)."""
     for file in files:
         if file.kind == "parquet":
-            names = _parquet_file(file).schema_arrow.names
+            try:
+                names = _parquet_file(file).schema_arrow.names
+            except NotItsFormat:
+                if options.skips_misfit(file):
+                    continue  # skipped when its task reads it
+                raise
             if options.text_field not in names:
                 raise BadInput(
                     f"{file.path} has no column {options.text_field!r} (it has {', '.join(names)}): "
@@ -45,16 +54,45 @@ def _parquet_file(file: InputFile):  # -> pyarrow.parquet.ParquetFile
     try:
         return pq.ParquetFile(file.path)
     except (OSError, pyarrow.ArrowException) as err:
-        raise BadInput(
+        raise NotItsFormat(
             f"cannot read {file.path} as Parquet ({_first_line(err)}): replace it or {_leave_out(file)}"
         ) from None
+
+
+def check_formats(files: list[InputFile], options: ReadOptions) -> None:
+    """--strict: refuse, before anything is written, the files found whose first record is not in their
+    extension's format, naming every --exclude they need (one run, not one try per pattern)."""
+    if not options.strict:
+        return
+    misfits: list[tuple[InputFile, str]] = []
+    for file in files:
+        if file.named or file.kind != "jsonl":
+            continue
+        try:
+            next(iter(read_documents(file, options)), None)
+        except NotItsFormat as err:
+            misfits.append((file, str(err)))
+        except (BadInput, Skipped):
+            pass  # refused or skipped when its task reads it, as without --strict
+    if misfits:
+        patterns = list(dict.fromkeys(format_pattern(file) for file, _ in misfits))
+        first = misfits[0][1].split(": fix the line")[0].split(": name the text")[0]
+        count = f"{len(misfits)} files found are" if len(misfits) > 1 else "1 file found is"
+        raise BadInput(f"{first}; {count} not JSON Lines: leave them out with "
+                       f"{' '.join(f'--exclude {p}' for p in patterns)}, or drop --strict to skip such files")
 
 
 def read_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
     """The file's documents in order. Raises BadInput naming the file (and line) and the fix, or Skipped (before
     the first document) for a file found that is binary, or not UTF-8 when its encoding errors are skipped."""
     if file.kind == "parquet":
-        yield from _parquet_documents(file, options)
+        try:
+            parquet = _parquet_file(file)
+        except NotItsFormat:
+            if options.skips_misfit(file):
+                raise Skipped(NOT_PARQUET) from None
+            raise
+        yield from _parquet_documents(file, options, parquet)
         return
     errors = options.errors_for(file)
     try:
@@ -69,7 +107,12 @@ def read_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
         decode = "replace" if errors == "replace" else "strict"
         with _open(file) as raw:
             if file.kind == "jsonl":
-                yield from _jsonl_documents(raw, file, options.text_field, decode)
+                try:
+                    yield from _jsonl_documents(raw, file, options.text_field, decode)
+                except NotItsFormat:  # raised at the first record, before any document
+                    if options.skips_misfit(file):
+                        raise Skipped(NOT_JSONL) from None
+                    raise
             elif options.text_per_line:
                 yield from _line_documents(raw, file, decode)
             else:
@@ -121,45 +164,53 @@ def _line_documents(raw: IO[bytes], file: InputFile, decode: str) -> Iterator[st
 
 
 def _jsonl_documents(raw: IO[bytes], file: InputFile, field: str, decode: str) -> Iterator[str]:
-    loads = json.loads
+    """The documents of a JSON Lines file; BadInput naming the line and the fix, NotItsFormat when that line is the
+    first record (the file is some other JSON, not JSON Lines of this field)."""
+    first = True
     for lineno, line in enumerate(_lines(raw), 1):
         if not line.strip():
             continue
         try:
-            record = loads(line if decode == "strict" else line.decode("utf-8", decode))
-        except UnicodeDecodeError:
-            raise _not_utf8(file, f"line {lineno}") from None
-        except ValueError as err:  # JSONDecodeError
-            raise BadInput(
-                f"{file.path} line {lineno} is not JSON ({_first_line(err)}): fix the line, or "
-                f"{_leave_out(file, every=True)}"
-            ) from None
-        try:
-            text = record[field]
-        except (KeyError, TypeError):
-            keys = (
-                ", ".join(map(repr, record))
-                if isinstance(record, dict)
-                else f"a JSON {type(record).__name__}"
-            )
-            raise BadInput(
-                f"{file.path} line {lineno} has no field {field!r} (it has {keys}): name the text "
-                f"field with --text-field, or {_leave_out(file, every=True)}"
-            ) from None
-        if not isinstance(text, str):
-            raise BadInput(
-                f"{file.path} line {lineno}: field {field!r} is {type(text).__name__}, not text: "
-                f"name the text field with --text-field, or {_leave_out(file, every=True)}"
-            ) from None
+            text = _jsonl_text(line, lineno, file, field, decode)
+        except BadInput as err:
+            if first and not isinstance(err, NotItsFormat) and not str(err).startswith(f"{file.path} is not UTF-8"):
+                raise NotItsFormat(str(err)) from None
+            raise
+        first = False
         if text:
             yield text
 
 
-def _parquet_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
+def _jsonl_text(line: bytes, lineno: int, file: InputFile, field: str, decode: str) -> str:
+    try:
+        record = json.loads(line if decode == "strict" else line.decode("utf-8", decode))
+    except UnicodeDecodeError:
+        raise _not_utf8(file, f"line {lineno}") from None
+    except ValueError as err:  # JSONDecodeError
+        raise BadInput(
+            f"{file.path} line {lineno} is not JSON ({_first_line(err)}): fix the line, or "
+            f"{_leave_out(file, every=True)}"
+        ) from None
+    try:
+        text = record[field]
+    except (KeyError, TypeError):
+        keys = ", ".join(map(repr, record)) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+        raise BadInput(
+            f"{file.path} line {lineno} has no field {field!r} (it has {keys}): name the text "
+            f"field with --text-field, or {_leave_out(file, every=True)}"
+        ) from None
+    if not isinstance(text, str):
+        raise BadInput(
+            f"{file.path} line {lineno}: field {field!r} is {type(text).__name__}, not text: "
+            f"name the text field with --text-field, or {_leave_out(file, every=True)}"
+        ) from None
+    return text
+
+
+def _parquet_documents(file: InputFile, options: ReadOptions, parquet: Any) -> Iterator[str]:
     import pyarrow
 
     field = options.text_field
-    parquet = _parquet_file(file)
     if field not in parquet.schema_arrow.names:
         raise BadInput(
             f"{file.path} has no column {field!r} (it has {', '.join(parquet.schema_arrow.names)}): "

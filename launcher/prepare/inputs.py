@@ -10,8 +10,11 @@ Empty documents (and blank lines in the line formats) are skipped: they would be
 A corpus is taken as it comes, the way tools that read trees do (git, ripgrep): a file found in a directory or by
 a glob that is binary (a NUL byte in its first block, once decompressed, or compressed without the suffix that
 says so) is skipped, and so, by default, is one that is not UTF-8 text; a file named one by one is refused
-instead. `--encoding-errors strict|skip|replace` sets the second for every file. A skipped file raises Skipped
-before its first document, so that a file is read whole or not at all.
+instead. `--encoding-errors strict|skip|replace` sets the second for every file. So is a file found whose first
+record can't be read in its extension's format (a `.json` or `.json.gz` that is a JSON document, not JSON Lines; a
+`.parquet` that is not Parquet): `--strict` stops instead, naming every --exclude the tree needs. A file whose later
+line is damaged stops the run with its line number, as a file named one by one does at any line. A skipped file
+raises Skipped before its first document, so that a file is read whole or not at all.
 """
 
 from __future__ import annotations
@@ -43,12 +46,17 @@ SNIFF_BYTES = 8000  # the first block git and ripgrep look at for a NUL byte
 _GLOB_CHARS = set("*?[")
 SKIPPED_DIRS = {"__pycache__"}  # Python's byte code beside the sources of a code corpus
 ENCODING_ERRORS = ("strict", "skip", "replace")
-BINARY, NOT_UTF8 = "binary", "not_utf8"  # why a file was skipped
-REASONS = {BINARY: "binary", NOT_UTF8: "not UTF-8"}  # ... in words
+BINARY, NOT_UTF8, NOT_JSONL, NOT_PARQUET = "binary", "not_utf8", "not_jsonl", "not_parquet"  # why a file was skipped
+REASONS = {BINARY: "binary", NOT_UTF8: "not UTF-8", NOT_JSONL: "not JSON Lines", NOT_PARQUET: "not Parquet"}
 
 
 class BadInput(ConfigError):
     """An input file that cannot be read as its format says: names the file (and line) and the fix."""
+
+
+class NotItsFormat(BadInput):
+    """A file's first record that can't be read in its extension's format: a file found is skipped for it (unless
+    --strict), one named is refused."""
 
 
 class Skipped(Exception):
@@ -74,9 +82,14 @@ class ReadOptions:
     text_field: str = "text"
     text_per_line: bool = False
     encoding_errors: str | None = None  # None: strict for a file named one by one, skip for one found
+    strict: bool = False  # --strict: a file found that is not in its extension's format stops the run
 
     def errors_for(self, file: InputFile) -> str:
         return self.encoding_errors or ("strict" if file.named else "skip")
+
+    def skips_misfit(self, file: InputFile) -> bool:
+        """Whether a file whose first record is not in its extension's format is skipped (else refused)."""
+        return not file.named and not self.strict
 
 
 def format_of(path: str) -> tuple[str, str | None]:
@@ -272,11 +285,17 @@ def _leave_out(file: InputFile, every: bool = False) -> str:
     if not every:
         literal = re.sub(r"^([!#])", r"\\\1", re.sub(r"([\[\]*?\\])", r"\\\1", name))  # as a .gitignore line
         return f"leave it out with --exclude {shlex.quote(literal)}"
+    return f"leave such files out with --exclude {format_pattern(file)}"
+
+
+def format_pattern(file: InputFile) -> str:
+    """The --exclude (shell-quoted) that leaves out every file of this one's format: '*.json.gz'."""
+    name = Path(file.path).name
     lower, suffix = name.lower(), ""
-    for ending in (*COMPRESSIONS, *JSONL_SUFFIXES):
+    for ending in (*COMPRESSIONS, *JSONL_SUFFIXES, *PARQUET_SUFFIXES):
         if lower[: len(lower) - len(suffix)].endswith(ending):
             suffix = name[len(name) - len(suffix) - len(ending) :]
-    return f"leave such files out with --exclude {shlex.quote('*' + suffix)}"
+    return shlex.quote("*" + suffix)
 
 
 

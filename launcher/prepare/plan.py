@@ -40,6 +40,7 @@ class Options:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     encoding_errors: str | None = None  # None: strict for files named one by one, skip for files found
+    strict: bool = False  # --strict: a file found that is not in its extension's format stops the run
     # Supervised fine-tuning records (contract/data/sft.py): prompt/response fields or a messages field, and the
     # chat template's digest when the tokenizer has one (another template, another preparation). None: plain text.
     prompt_field: str | None = None
@@ -59,7 +60,7 @@ class Options:
 
     @property
     def read(self) -> ReadOptions:
-        return ReadOptions(self.text_field, self.text_per_line, self.encoding_errors)
+        return ReadOptions(self.text_field, self.text_per_line, self.encoding_errors, self.strict)
 
     @property
     def filters(self) -> Filters:
@@ -97,7 +98,9 @@ class Plan:
             "version": self.version,
             "tokenizer": asdict(self.tokenizer),
             # the supervised fine-tuning keys only when set: a plain preparation keeps the identity it had
-            "options": {k: v for k, v in asdict(self.options).items() if v is not None or k not in SFT_OPTIONS},
+            # and --strict only when given
+            "options": {k: v for k, v in asdict(self.options).items()
+                        if (v is not None or k not in SFT_OPTIONS) and (v or k != "strict")},
             "inputs": [asdict(f) for f in self.inputs],
             "tasks": [list(t) for t in self.tasks],
         }

@@ -48,6 +48,7 @@ def test_trained_model_scores_above_0_9_and_untrained_weights_near_chance(traine
     assert 0 < start[STDERR] < 0.1
     assert abs(start[ACC] - chance) <= 2 * start[STDERR], start
     assert all("val/val/loss" in row for row in rows.values())  # in the same pass as the validation loss
+    assert all(row[f"harness/{TASK}/chance"] == chance for row in rows.values())  # drawn on harness.png
 
 
 def test_two_fsdp_ranks_score_as_one_rank(trained: dict[str, Any]) -> None:
@@ -87,6 +88,10 @@ def test_launcher_evaluate_writes_the_numbers_of_the_in_loop_pass(trained: dict[
     for key in (ACC, STDERR, "val/val/loss"):
         assert result[key] == pytest.approx(in_loop[key], rel=1e-6), key
     assert f"{TASK}/acc" in out.stdout
+    # issue 36, item 4: lm_eval's `git describe` outside a repository and its progress bars, torch's single-process
+    # loading warning
+    for noise in ("fatal: not a git repository", "it/s]", "assuming the intent is to load in a single process"):
+        assert noise not in out.stdout + out.stderr, (noise, out.stderr[-3000:])
     # A later evaluation replaces the values it measures and keeps the rest: here the losses only.
     out = evaluate(str(run_dir), "--step", str(EVERY), "eval.harness.tasks=[]")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -42,7 +42,10 @@ BYO = ("--config-dir", "conf")
 CLUSTER = ("+cluster=local_slurm",)
 CASES = [
     # -- config values ----------------------------------------------------------------------------------------
-    Case("lr-negative", ("optim.lr=-1",), "optim.lr=-1.0 is out of range: set optim.lr to a value above 0"),
+    # values echoed as typed (issue 36, item 7: a float key turned -1 into -1.0, 5000 into 5000.0)
+    Case("lr-negative", ("optim.lr=-1",), "optim.lr=-1 is out of range: set optim.lr to a value above 0"),
+    Case("lr-negative-exponent", ("optim.lr=-1e-3",), "optim.lr=-1e-3 is out of range: set optim.lr to a value"),
+    Case("max-tokens-zero", ("trainer.max_tokens=0",), "trainer.max_tokens=0 is out of range"),
     Case("beta2-one", ("optim.beta2=1.0",), "set optim.beta2 to a value in [0, 1)"),
     Case("seed-negative", ("trainer.seed=-3",), "set trainer.seed to a value in [0, 4294967295]"),
     Case("dropout-nan", ("model.dropout=nan",), "set model.dropout to a finite value in [0, 1)"),

@@ -66,6 +66,7 @@ def test_each_family_loads_with_transformers_alone_and_continues_as_launcher_sam
     cfg = OmegaConf.load(runs[name] / "checkpoints" / "step_5" / "config.yaml")
     assert config["architectures"] == [CLASSES[name]] and config["vocab_size"] == 257
     assert config["tie_word_embeddings"] == cfg.model.tie_embeddings and config["eos_token_id"] == 256
+    assert config.get("bos_token_id") is None and config.get("pad_token_id") is None  # bytes has neither
     assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 256
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -277,3 +278,80 @@ def test_a_prepared_tokenizer_json_and_a_padded_vocabulary_come_along(tmp_path: 
     model = AutoModelForCausalLM.from_pretrained(folder)
     assert model.get_input_embeddings().weight.shape[0] == vocab + 40
     assert torch.equal(model.get_input_embeddings().weight, state_of(run)["embed.weight"])  # padded rows kept
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny run prepared with a tokenizer whose chat template is tokenizer_config.json's key (issue 36, item 1)."""
+    from tests.prepared_data import write_prepared
+    from tests.sft_data import SPECIALS, write_tokenizer
+
+    root = tmp_path_factory.mktemp("chat export")
+    tok = write_tokenizer(root / "chat tok") / "tokenizer.json"
+    write_prepared(root / "chat data", [[5, 6, 7, 0] * 40], vocab=20, tokenizer="chat tok", eod_id=0,
+                   tokenizer_file=tok)
+    assert SPECIALS[0] == "<|end|>"  # id 0: the end-of-document token the tokenizer_config.json names
+    run, _ = write_run(root, "chat", ["data=tokens", f"data.path={root / 'chat data'}", "model.vocab_size=20"])
+    return run
+
+
+def test_a_chat_tokenizers_export_chats_as_launcher_sample_chat_encodes(
+        chat_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The export carries the chat template as transformers writes it, so apply_chat_template works from the
+    directory alone and encodes the chat `launcher.sample --chat` encodes; config.json's special ids are the
+    tokenizer's own (no start token here: null, not LlamaConfig's default 1)."""
+    from transformers import AutoTokenizer
+
+    from contract.data.run_tokenizer import run_tokenizer
+    from contract.data.sft import chat_template
+
+    assert export.main([str(chat_run), "--format", "hf"]) == 0
+    assert "the chat template renders as launcher.sample --chat encodes" in capsys.readouterr().err
+    folder = chat_run / "export" / "hf_step_5"
+    loaded = AutoTokenizer.from_pretrained(folder)
+    messages = [{"role": "user", "content": "shift: abc"}]
+    theirs = loaded.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    cfg = OmegaConf.load(chat_run / "checkpoints" / "step_5" / "config.yaml")
+    run, _ = run_tokenizer(cfg.data)
+    assert run is not None
+    template = chat_template(run.path)
+    assert template is not None
+    user, assistant = run.encode("<|user|>"), run.encode("<|assistant|>")
+    assert list(theirs) == run.encode(template.prompt("shift: abc")) == [*user, *run.encode("shift: abc\n"), *assistant]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["eos_token_id"] == 0 and config["bos_token_id"] is None and config["pad_token_id"] is None
+    assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == 0
+
+
+def test_a_chat_template_the_export_renders_otherwise_fails_the_export(
+        chat_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from train.weights import hf_tokenizer
+
+    original = hf_tokenizer.fast_tokenizer
+
+    def other_template(*args: Any, **kwargs: Any) -> Any:
+        fast = original(*args, **kwargs)
+        fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        return fast
+
+    monkeypatch.setattr(hf_tokenizer, "fast_tokenizer", other_template)
+    assert export.main([str(chat_run), "--format", "hf", "--out", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "apply_chat_template encodes" in err and "launcher.sample --chat" in err, err
+    assert not (tmp_path / "x").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_launch_plan_warns_when_the_model_cannot_be_exported_to_hugging_face() -> None:
+    """Issue 36, item 13: a run of hours finds out only at launcher.export --format hf; the plan says so at launch,
+    in one line, and the families Hugging Face has get no such line."""
+    from launcher.compose import compose_and_plan
+
+    _, plan = compose_and_plan(["model=tiny", "model.position=learned", "launcher.dry_run=true"])
+    warnings = [line for line in plan.summary().splitlines() if "Hugging Face" in line]
+    assert len(warnings) == 1 and warnings[0].strip().startswith("warning: launcher.export --format hf will refuse"), \
+        plan.summary()
+    assert "no Hugging Face class computes model.position=learned" in warnings[0]
+    hf_model = ["model=hf_causal_lm", f"model.config_path={Path(__file__).parents[1] / 'fixtures' / 'tiny_llama'}"]
+    for family in (["model=tiny"], ["model=tiny", *FAMILIES["gpt2"]], hf_model):
+        _, plan = compose_and_plan([*family, "launcher.dry_run=true"])
+        assert "Hugging Face" not in plan.summary(), family

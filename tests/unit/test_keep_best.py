@@ -82,7 +82,7 @@ def test_the_best_checkpoint_is_read_from_every_measurement(tmp_path: Path) -> N
     run = fake_run(tmp_path / "r", (10, 20, 30), val__val__loss={10: 3.0, 20: 2.0, 30: 2.5, 40: 1.0})
     lower = Ranking("val/val/loss", False)
     best = measured.best_checkpoint(run, lower)
-    assert best is not None and (best.checkpoint.step, best.value, best.measured) == (20, 2.0, 3)  # 40: no checkpoint
+    assert best is not None and (best.checkpoint.step, best.value, best.kept, best.measured) == (20, 2.0, 3, 4)
     # An evaluation job's result arrives later and wins over the row of the same step.
     eval_results.write_result(run, 30, {"val/val/loss": 1.5})
     assert measured.best_checkpoint(run, lower).checkpoint.step == 30  # type: ignore[union-attr]
@@ -117,6 +117,12 @@ def test_best_picks_the_measured_best_and_names_it(tmp_path: Path, capsys: pytes
     assert pick_checkpoint(run, None, best=True).step == 20  # the run's keep_best, not the first validation loss
     assert capsys.readouterr().err == ("best checkpoint by the run's checkpoint.keep_best: step 20, harness/t/acc "
                                        "0.8000 (higher is better; the best of 3 measured checkpoints)\n")
+    # Six steps measured, three of them kept (issue 36, item 6: it said "the best of 3 measured checkpoints").
+    pruned = fake_run(tmp_path / "k", (20, 40, 60), keep_best="val/val/loss",
+                      val__val__loss={10: 5.0, 20: 2.0, 30: 3.0, 40: 2.5, 50: 2.6, 60: 2.7})
+    assert pick_checkpoint(pruned, None, best=True).step == 20
+    assert capsys.readouterr().err.endswith("val/val/loss 2.0000 (lower is better; the best of the 3 kept "
+                                            "checkpoints; 6 steps measured)\n")
     plain = fake_run(tmp_path / "p", (10, 20, 30), val__val__loss={10: 2.0, 20: 3.0, 30: 4.0})
     assert pick_checkpoint(plain, None, best=True).step == 10  # no keep_best: the first validation set's loss
     assert "by the first validation set's loss: step 10, val/val/loss 2.0000" in capsys.readouterr().err

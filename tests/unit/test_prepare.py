@@ -918,3 +918,39 @@ def test_worker_processes_end_when_the_preparing_process_is_killed(tmp_path: Pat
     code = "from launcher.prepare.run import _end_with; _end_with(-1); print('lived on')"
     late = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (late.returncode, late.stdout) == (1, ""), late.stderr
+
+
+def _tree_with_misfit_json(root: Path) -> None:
+    """A documentation tree as /usr/share/doc holds them: text, a JSON Lines file, and .json / .json.gz files
+    that are JSON documents, not JSON Lines (pretty-printed; one object without the text field)."""
+    import gzip
+
+    (root / "pkg" / "api").mkdir(parents=True)
+    (root / "README").write_text("read me first")
+    (root / "pkg" / "notes.jsonl").write_text('{"text": "a note"}\n{"text": "another"}\n')
+    (root / "pkg" / "api" / "fs.json.gz").write_bytes(gzip.compress(b'{\n  "source": "fs.md"\n}\n'))
+    (root / "pkg" / "api" / "vm.json.gz").write_bytes(gzip.compress(b'[\n  1, 2\n]\n'))
+    (root / "pkg" / "synopsis.json").write_text('{"type": "module", "source": "synopsis.md"}\n')
+
+
+def test_a_tree_skips_files_not_in_their_extensions_format_and_strict_names_every_pattern(tmp_path: Path) -> None:
+    """Issue 36, item 2: a file found in a directory whose first record can't be read in its extension's format is
+    skipped and reported (as binary files are); --strict stops, naming every --exclude the tree needs; a file named
+    on the command line still stops with its line number."""
+    _tree_with_misfit_json(tmp_path / "doc")
+    code, out, err = prepare_printing(tmp_path / "doc", "--out", tmp_path / "ds", "--tokenizer", "bytes")
+    assert code == 0, err
+    manifest = mf.load_manifest(tmp_path / "ds")
+    assert {r: s.files for r, s in manifest.skipped.items()} == {"not_jsonl": 3}
+    assert sorted(Path(s.path).name for s in manifest.sources) == ["README", "notes.jsonl"]
+    assert manifest.split("train").documents + manifest.split("val").documents == 3
+    assert "skipped 3 files (" in out and "3 not JSON Lines (e.g. " in out, out
+
+    code, err = prepare(tmp_path / "doc", "--out", tmp_path / "strict", "--tokenizer", "bytes", "--strict")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "3 files found are not JSON Lines" in err and "--exclude '*.json.gz' --exclude '*.json'" in err, err
+    assert not (tmp_path / "strict").exists()
+
+    named = tmp_path / "doc" / "pkg" / "synopsis.json"
+    code, err = prepare(named, "--out", tmp_path / "named", "--tokenizer", "bytes")
+    assert code == 2 and f"{named} line 1 has no field 'text'" in err, err

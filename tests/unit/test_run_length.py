@@ -103,8 +103,8 @@ def test_max_epochs_of_a_mixture_source(tmp_path: Path) -> None:
      "trainer.max_tokens=3000 and trainer.max_epochs=1 are both set: keep one budget"),
     (["trainer.max_tokens=1000.5"], "trainer.max_tokens=1000.5 is not a whole number of tokens: set "
      "trainer.max_tokens=1001"),
-    (["trainer.max_tokens=0"], "trainer.max_tokens=0.0 is out of range"),
-    (["trainer.max_epochs=0"], "trainer.max_epochs=0.0 is out of range"),
+    (["trainer.max_tokens=0"], "trainer.max_tokens=0 is out of range"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0 is out of range"),
     (["trainer.epochs_of=a"], "trainer.epochs_of=a has no effect without trainer.max_epochs"),
     (["trainer.max_epochs=1"], "trainer.max_epochs counts passes over the data's samples, and data=synthetic is an "
      "endless stream: set trainer.max_tokens or trainer.max_steps"),

@@ -156,3 +156,32 @@ def test_a_checkpoint_path_names_the_run_and_its_step(bytes_run: Path, capsys: p
     assert run_and_step(bytes_run, None) == (bytes_run, None)
     err = refused(capsys, bytes_run.parent, str(step_4), "--step", "8", "--prompt", "ab")
     assert "is the checkpoint of step 4, and --step 8 asks for another" in err
+
+
+def test_chat_ids_prints_only_the_replys_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """--chat prints only the reply, as text and with --ids as ids (issue 36, item 5); without --chat, --ids
+    prints the prompt's ids and the continuation's. The model is a stand-in that answers ids 6, 7 and the end of a
+    document."""
+    import types
+
+    from tests.sft_data import write_tokenizer
+
+    tok = write_tokenizer(tmp_path / "tok") / "tokenizer.json"
+    write_prepared(tmp_path / "data", [[5, 6, 0]], vocab=20, tokenizer="tok", eod_id=0, tokenizer_file=tok)
+    run_dir = fake_run(tmp_path, {"name": "tokens", "path": str(tmp_path / "data")}, vocab=20)
+    asked: list[list[int]] = []
+
+    def fake_sample(path: Path, model: object, ids: list[int], sampling: object) -> list[int]:
+        asked.append(ids)
+        return [6, 7, 0]
+
+    fake = types.SimpleNamespace(Sampling=lambda *args, **kwargs: None, sample=fake_sample)
+    monkeypatch.setattr(sample.compute_seam, "sampling", lambda: fake)
+    assert sample.main([str(run_dir), "--chat", "--prompt", "shift: ab", "--ids"]) == 0
+    assert capsys.readouterr().out == "6,7,0\n" and len(asked[0]) > 3
+    assert sample.main([str(run_dir), "--chat", "--prompt", "shift: ab"]) == 0
+    reply = capsys.readouterr().out
+    assert sample.main([str(run_dir), "--prompt", "ab", "--ids"]) == 0
+    assert capsys.readouterr().out == ",".join(map(str, asked[-1] + [6, 7, 0])) + "\n"
+    assert reply.count("\n") == 1 and "shift" not in reply

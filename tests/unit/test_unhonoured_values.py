@@ -9,7 +9,7 @@ from contract.errors import ConfigError
 from launcher.compose import compose_and_plan
 
 CASES = [
-    (["stability.enabled=false", "stability.spike_sigma=6"], "stability.spike_sigma=6.0 has no effect with "
+    (["stability.enabled=false", "stability.spike_sigma=6"], "stability.spike_sigma=6 has no effect with "
      "stability.enabled=false"),
     (["stability.enabled=false", "stability.nonfinite=stop"], "stability.nonfinite=stop has no effect with "
      "stability.enabled=false"),

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from contract.errors import ConfigError
 from contract.rules import harness as rules
+from train.observe import quiet
 
 # DISABLE_MULTIPROC: lm_eval's bootstrap_stderr (perplexity, f1, bleu, median, ... stderrs) otherwise forks a
 # multiprocessing.Pool from the rank's process, whose other threads may hold a lock at the fork: the forked worker
@@ -63,6 +64,7 @@ class Harness:
         every task named, else lm_eval's own tasks too."""
         if self._manager is None:
             go_offline()
+            quiet.harness_notices()
             logging.getLogger("lm_eval").setLevel(logging.WARNING)
             from lm_eval.tasks import TaskManager
 
@@ -85,15 +87,30 @@ class Harness:
         try:
             with torch.random.fork_rng(devices=devices), torch.no_grad():
                 model.train(False)
+                # log_samples: each document's choices, for its task's chance level (chance_levels)
                 out = simple_evaluate(model=lm, tasks=list(self.tasks), num_fewshot=self.num_fewshot,
-                                      limit=self.limit, task_manager=manager, log_samples=False)
+                                      limit=self.limit, task_manager=manager, log_samples=True)
         finally:
             model.train(was_training)
             random.setstate(py_state)
             np.random.set_state(np_state)
-        values = rules.result_values(out["results"]) if out is not None else {}
+        values = {**rules.result_values(out["results"]), **chance_levels(out)} if out is not None else {}
         if dist.is_initialized() and dist.get_world_size() > 1:
             box = [values]
             dist.broadcast_object_list(box, src=0)
             values = box[0]
         return values
+
+
+def chance_levels(out: dict[str, Any]) -> dict[str, float]:
+    """`harness/TASK/chance` of each multiple-choice task: the accuracy of a uniform guess, the mean over its
+    documents of 1 / their number of choices (one loglikelihood request each), which launcher.report draws."""
+    levels = {}
+    for task, config in (out.get("configs") or {}).items():
+        samples = (out.get("samples") or {}).get(task) or []
+        if config.get("output_type") != "multiple_choice" or not samples:
+            continue
+        shares = [1 / len(s["arguments"]) for s in samples if s.get("arguments")]
+        if shares:
+            levels[f"{rules.PREFIX}{task}/{rules.CHANCE}"] = sum(shares) / len(shares)
+    return levels

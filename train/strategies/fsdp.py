@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from train.observe import quiet
 from train.strategies.base import Strategy
 from train.strategies.limits import dtype_refusal, scalar_parameters
 
@@ -56,6 +57,7 @@ class FSDPStrategy(Strategy):
                                 mesh_dim_names=("replicate", "shard"))
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        quiet.fsdp_notices()
         mesh = self.replica_mesh = self.mesh()
         self.dp_groups, self.dp_ranks = [mesh.get_group(dim) for dim in range(mesh.ndim)], mesh.size()
         reshard = bool(self.cfg.strategy.reshard_after_forward)

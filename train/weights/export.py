@@ -11,6 +11,9 @@ from typing import Any
 
 import torch
 
+from train.observe import quiet
+
+quiet.single_process_load()  # every load here runs in one process on purpose
 MODEL_PREFIX = "app.model."
 # Wrappers whose names may appear in saved keys: activation checkpointing's and torch.compile's.
 WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")

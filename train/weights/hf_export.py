@@ -1,5 +1,6 @@
 """A checkpoint's weights as a self-contained Hugging Face directory that has proven itself: config.json,
-generation_config.json (the run's end-of-document id as eos_token_id), safetensors (sharded past max_shard_size
+generation_config.json (the run's end-of-document id as eos_token_id; config.json's bos/eos/pad ids are the
+tokenizer's own, or null), safetensors (sharded past max_shard_size
 with model.safetensors.index.json, as save_pretrained shards), the run's tokenizer when it has one, in the dtype
 asked for. Run by launcher/export.py (--format hf) and at the end of training (checkpoint.export_hf).
 
@@ -149,9 +150,19 @@ def export_hf(cfg: Any, state: dict[str, torch.Tensor], out: Path, dtype: str = 
     """Write `state` (the checkpoint's weights under our model's names) as a Hugging Face directory at `out`,
     verified unless `verify_it` is False. ConfigError for what can't be exported; ExportMismatch (nothing left at
     `out`) when the written directory does not reproduce the model."""
+    from train.observe import quiet
+    from train.weights import hf_tokenizer
+
+    quiet.deepspeed_cpu_notice()
     quiet_transformers()
     tokenizer, why_none = run_tokenizer(cfg.data)
     config, hf_state = hf_form(cfg.model, state, tokenizer.eod_id if tokenizer else None)
+    max_len = int(min(cfg.model.max_seq_len, getattr(config, "max_position_embeddings", None) or
+                      getattr(config, "n_positions", None) or cfg.model.max_seq_len))
+    fast = hf_tokenizer.fast_tokenizer(tokenizer, max_len) if tokenizer is not None else None
+    if fast is not None or cfg.model.get("_target_") != HF_TARGET:  # a Hugging Face model's own ids stay
+        for key, value in hf_tokenizer.special_ids(fast).items():
+            setattr(config, key, value)
     check_verify(state, verify_it)
     written = cast(hf_state, dtype)
     del hf_state
@@ -159,12 +170,8 @@ def export_hf(cfg: Any, state: dict[str, torch.Tensor], out: Path, dtype: str = 
     try:
         save_model(config, written, temporary, max_shard_size)
         del written
-        max_len = int(min(cfg.model.max_seq_len, getattr(config, "max_position_embeddings", None) or
-                          getattr(config, "n_positions", None) or cfg.model.max_seq_len))
-        if tokenizer is not None:
-            from train.weights.hf_tokenizer import save_tokenizer
-
-            save_tokenizer(tokenizer, temporary, max_len)
+        if fast is not None:
+            fast.save_pretrained(str(temporary))
         checked = None
         if verify_it:
             reference = reference_model(cfg.model, cast(state, dtype))

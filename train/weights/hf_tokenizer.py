@@ -2,14 +2,15 @@
 data was encoded and `generate()` knows where a document ends.
 
 A prepared dataset names its tokenizer (contract/data/run_tokenizer.py): its tokenizer.json is saved as transformers'
-fast tokenizer with the end-of-document token as `eos_token`. The `bytes` tokenizer has no file: an equivalent one
+fast tokenizer with the end-of-document token as `eos_token`, the other special tokens its tokenizer_config.json
+names (bos_token, pad_token, unk_token, when the vocabulary holds them) and its chat template (contract/data/sft.py
+finds it as transformers does), which save_pretrained writes as chat_template.jinja. The `bytes` tokenizer has no file: an equivalent one
 is built, byte-level BPE without merges over a vocabulary whose id of each byte is the byte (GPT-2's byte-to-character
 table, as every byte-level tokenizer writes it), and the end-of-document id 256 as a special token.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from contract.data.run_tokenizer import RunTokenizer
@@ -35,13 +36,25 @@ def fast_tokenizer(run: RunTokenizer, max_len: int) -> Any:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
+    from contract.data.sft import chat_template, special_tokens
+
     inner = bytes_tokenizer() if run.path is None else Tokenizer.from_file(run.path)
     eos = inner.id_to_token(run.eod_id)
     if eos is None:
         raise ValueError(f"the run's tokenizer {run.name} has no token of its end-of-document id {run.eod_id}")
-    return PreTrainedTokenizerFast(tokenizer_object=inner, eos_token=eos, model_max_length=max_len,
-                                   clean_up_tokenization_spaces=False)
+    named = {key: token for key, token in special_tokens(run.path).items()
+             if key != "eos_token" and token and inner.token_to_id(token) is not None}
+    fast = PreTrainedTokenizerFast(tokenizer_object=inner, eos_token=eos, model_max_length=max_len,
+                                   clean_up_tokenization_spaces=False, **named)
+    template = chat_template(run.path)
+    if template is not None:
+        fast.chat_template = template.template
+    return fast
 
 
-def save_tokenizer(run: RunTokenizer, out: Path, max_len: int) -> None:
-    fast_tokenizer(run, max_len).save_pretrained(str(out))
+def special_ids(fast: Any | None) -> dict[str, int | None]:
+    """config.json's bos/eos/pad ids: the tokenizer's own, None where it has none (not the config class's
+    defaults, LlamaConfig's bos 1 and eos 2)."""
+    return {f"{kind}_token_id": None if fast is None else getattr(fast, f"{kind}_token_id", None)
+            for kind in ("bos", "eos", "pad")}
+

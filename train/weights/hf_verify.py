@@ -10,6 +10,8 @@ own model holding the same weights.
              generate() with its key/value cache against slurmtrain's sampling loop (train/model/sample.py)
     loading  no weight missing, unexpected or of another shape (from_pretrained fills those at random)
     tokenizer  AutoTokenizer.from_pretrained(DIR) encodes a fixed text as the run's tokenizer does
+    chat     with a chat template: apply_chat_template of one user turn and the generation prompt gives the ids
+             `launcher.sample --chat` encodes (contract/data/sft.py renders it)
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ class Verified:
     prompt_tokens: int
     greedy_tokens: int
     tokenizer: bool
+    chat: bool = False
 
     def describe(self) -> str:
         tokenizer = "; AutoTokenizer encodes as the run's tokenizer" if self.tokenizer else ""
+        chat = "; the chat template renders as launcher.sample --chat encodes" if self.chat else ""
         return (f"verified: logits within {self.max_difference:.1e} of slurmtrain's (tolerance {self.tolerance:.1e}) "
                 f"on {self.prompts} prompts of {self.prompt_tokens} tokens; greedy continuations of "
-                f"{self.greedy_tokens} tokens identical{tokenizer}")
+                f"{self.greedy_tokens} tokens identical{tokenizer}{chat}")
 
 
 def prompts(vocab_size: int, length: int) -> torch.Tensor:
@@ -110,14 +114,36 @@ def compare_greedy(reference: nn.Module, exported: nn.Module, ids: torch.Tensor,
                                  f"{ours[at:at + 4]}..., Hugging Face: {theirs[at:at + 4]}...)")
 
 
-def compare_tokenizer(directory: Path, run: RunTokenizer) -> None:
+def compare_tokenizer(directory: Path, run: RunTokenizer) -> bool:
+    """AutoTokenizer against the run's tokenizer, and its chat template (when the run's has one) against
+    launcher.sample --chat's prompt; True when a chat was compared."""
     from transformers import AutoTokenizer
 
-    theirs = AutoTokenizer.from_pretrained(str(directory)).encode(TEXT, add_special_tokens=False)
+    from contract.data.sft import BadRecord, chat_template
+
+    loaded = AutoTokenizer.from_pretrained(str(directory))
+    theirs = loaded.encode(TEXT, add_special_tokens=False)
     ours = run.encode(TEXT)
     if list(theirs) != ours:
         raise ExportMismatch(f"AutoTokenizer encodes {TEXT[:20]!r}... as {list(theirs)[:6]}..., the run's tokenizer "
                              f"as {ours[:6]}...")
+    template = chat_template(run.path)
+    if template is None:
+        return False
+    try:
+        ours = run.encode(template.prompt(TEXT))
+    except (BadRecord, ValueError):  # a template that refuses a lone user turn: launcher.sample --chat refuses too
+        return False
+    if getattr(loaded, "chat_template", None) is None:
+        raise ExportMismatch("AutoTokenizer finds no chat template in the export, and the run's tokenizer has one")
+    theirs = loaded.apply_chat_template([{"role": "user", "content": TEXT}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    if list(theirs) != ours:
+        at = next((i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b), min(len(theirs),
+                                                                                                 len(ours)))
+        raise ExportMismatch(f"apply_chat_template encodes a user turn as {list(theirs)[at:at + 6]}... from id {at}, "
+                             f"launcher.sample --chat as {ours[at:at + 6]}...")
+    return True
 
 
 @torch.no_grad()
@@ -131,9 +157,8 @@ def verify(reference: nn.Module, directory: Path, vocab_size: int, max_seq_len: 
     new = min(GREEDY_TOKENS, max_seq_len - 1)
     start = prompts(vocab_size, max(1, min(8, max_seq_len - new)))
     compare_greedy(reference, exported, start, new, max_seq_len)
-    if tokenizer is not None:
-        compare_tokenizer(directory, tokenizer)
-    return Verified(worst, tolerance, PROMPTS, length, new, tokenizer is not None)
+    chat = compare_tokenizer(directory, tokenizer) if tokenizer is not None else False
+    return Verified(worst, tolerance, PROMPTS, length, new, tokenizer is not None, chat)
 
 
 def quiet_transformers() -> Any:

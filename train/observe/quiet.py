@@ -1,0 +1,80 @@
+"""Third-party notices known to be harmless in the ways slurmtrain uses those libraries, silenced one by one so that
+they do not read like faults next to correct results. Each filter matches one message (and, where it can, only our
+own modules), says why it is harmless here, and lets everything else through.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+# torch.distributed.checkpoint warns whenever it loads without a process group. launcher.export, launcher.sample
+# and a local evaluation load a checkpoint in one process on purpose (load_dcp_model's no_dist=True, init_weights).
+SINGLE_PROCESS_LOAD = r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to load"
+
+# FSDP2 warns when a wrapped module returns a view, in case the caller changes it in place (which would skip the
+# all-gather hook). Our Transformer returns its logits as a view, and the loss only reads them (train/step.py:
+# cross_entropy and z-loss on a reshaped copy in float32), so the warning's condition never happens. A user's own
+# model (model._target_) or a Hugging Face one keeps the warning: only our classes are matched.
+FSDP_VIEW = r"FSDP2-wrapped module \(FSDP(Transformer|Block)\) returned a view tensor"
+
+# DTensor's advice when it redistributes over two mesh dimensions with two all-reduces instead of one: the gradient
+# norm of a tp x dp layout (clip_grad_norm's _NormPartial over ["dp", "tp"]). Every rank runs both reductions in
+# the same order and each all-reduce hands all of its group the same value, so the ranks agree; what remains is one
+# extra collective on a scalar per step.
+REDISTRIBUTE_ADVICE = "While redistributing from"
+
+# deepspeed imports (transformers' save_pretrained imports it to ask whether the model is a DeepSpeed engine) log
+# that no GPU was found; an export consolidates on the CPU by design.
+DEEPSPEED_CPU = "Setting accelerator to CPU"
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def _drop(logger: str, start: str) -> None:
+    target = logging.getLogger(logger)
+    if not any(isinstance(f, _DropMessage) and f.start == start for f in target.filters):
+        target.addFilter(_DropMessage(start))
+
+
+def single_process_load() -> None:
+    warnings.filterwarnings("ignore", message=SINGLE_PROCESS_LOAD, category=UserWarning)
+
+
+def fsdp_notices() -> None:
+    """At an FSDP wrap: the view-tensor warning of our own modules, and DTensor's two-reductions advice."""
+    warnings.filterwarnings("ignore", message=FSDP_VIEW, category=UserWarning)
+    _drop("torch.distributed.tensor._redistribute", REDISTRIBUTE_ADVICE)
+
+
+def deepspeed_cpu_notice() -> None:
+    """Before anything imports deepspeed in a command that runs on the CPU (launcher.export): its logger, created
+    at import, keeps the filter added to it here."""
+    _drop("DeepSpeed", DEEPSPEED_CPU)
+
+
+def harness_notices() -> None:
+    """lm_eval's own output that says nothing about the scores: `fatal: not a git repository` (simple_evaluate
+    runs `git describe` in the working directory to record a revision in its results, which we do not keep: only
+    results["results"] is read) and the progress bar of building each task's requests (TQDM_DISABLE comes too late
+    once tqdm is imported; the ranks' log says what is evaluated)."""
+    from functools import partial
+
+    import lm_eval.api.task as task_module
+    import lm_eval.evaluator as evaluator
+    from tqdm import tqdm
+
+    evaluator.get_git_commit_hash = _no_revision
+    task_module.tqdm = partial(tqdm, disable=True)  # type: ignore[attr-defined]
+
+
+def _no_revision(*_: Any) -> None:
+    return None
