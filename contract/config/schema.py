@@ -26,6 +26,7 @@ from contract.config.operations import (
     TelemetryConfig,
     WatchdogConfig,
 )
+from contract.config.search import SearchConfig
 from contract.config.training import (
     DataConfig,
     ModelConfig,
@@ -40,7 +41,7 @@ __all__ = [
     "Config", "SEED_MAX", "num", "path_key", "ModelConfig", "DataConfig", "OptimConfig", "StrategyConfig",
     "ParallelConfig", "PrecisionConfig", "TrainerConfig", "RunConfig", "CheckpointConfig", "LocalConfig",
     "LoggerConfig", "LauncherConfig", "TelemetryConfig", "WatchdogConfig", "ProfileConfig", "ClusterConfig",
-    "EvalConfig", "StabilityConfig",
+    "EvalConfig", "StabilityConfig", "SearchConfig",
 ]
 
 
@@ -62,5 +63,6 @@ class Config:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     stability: StabilityConfig = field(default_factory=StabilityConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     cluster: ClusterConfig | None = None
     profile: ProfileConfig | None = None
