@@ -69,12 +69,19 @@ def _run(launcher: SweepLauncher, config: DictConfig, arguments: list[str]) -> i
     if base.launcher.dry_run:
         print("dry run: nothing created or submitted", file=sys.stderr)
         return 0
-    _create(sweep_dir, spec, base)
     if base.cluster is None:
+        _create(sweep_dir, spec, base)
         return _run_here(sweep_dir, spec)
-    from launcher.sweeps.search_submit import submit_workers
+    from launcher.sweeps import search_submit
 
-    return submit_workers(sweep_dir, spec, base, plan)
+    live = search_submit.live_tasks(spec)
+    if live:
+        print(f"search {sweep_dir.name}: its workers are still queued or running ({', '.join(live)}): left alone; "
+              f"follow them with python -m launcher.status {shlex.quote(str(sweep_dir))}")
+        return 0
+    search_submit.preflight(base, sweep_dir)
+    _create(sweep_dir, spec, base)
+    return search_submit.submit_workers(sweep_dir, spec, base)
 
 
 def _load(launcher: SweepLauncher, overrides: list[str]) -> DictConfig:

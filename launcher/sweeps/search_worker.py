@@ -195,7 +195,8 @@ class Worker:
         argv = ["launcher", *self.spec.overrides, *values, f"run.root={run_dir.parent}", f"run.name={run_dir.name}"]
         config_path = rundir.prepare(cfg, plan.run_dir, argv=argv, plan=plan)
         layout.write_json(run_dir / layout.TRIAL_FILE, {"sweep_dir": str(self.sweep_dir), "number": number,
-                                                        "trial_id": trial_id})
+                                                        "trial_id": trial_id, "every": int(cfg.eval.every),
+                                                        "max_steps": int(plan.max_steps or cfg.trainer.max_steps)})
         return config_path, plan.world_size
 
     def test_signal(self, number: int, run_dir: Path) -> bool:

@@ -26,6 +26,7 @@ class TrialReporter:
         self.study = load_study(Path(info["sweep_dir"]), spec) if env.is_main else None
         self.group = cpu_group()
         self.value: float | None = None
+        self.every, self.max_steps = int(info["every"]), int(info["max_steps"])
 
     @classmethod
     def open(cls, run_dir: Path, env: DistEnv) -> TrialReporter | None:
@@ -35,6 +36,8 @@ class TrialReporter:
     def report(self, step: int, values: dict[str, float], decide: bool = True) -> bool:
         """Collective. Reports values[metric] at `step` (unless already recorded) and returns whether the trial is
         pruned (always False with decide=False: the validation a resume starts with)."""
+        if step not in (0, self.max_steps) and step % self.every:
+            return False  # a resume's validation between evaluations: not a step the trial reports (nor would have)
         pruned = 0
         if self.env.is_main and self.metric in values:
             import optuna
