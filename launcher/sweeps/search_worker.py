@@ -215,6 +215,12 @@ class Worker:
     def tell(self, study: Any, number: int, run_dir: Path, how: str, reason: str = "") -> str:
         from optuna.trial import TrialState
 
+        import optuna
+
+        if self.spec.sampler["name"] == "grid":
+            # The grid sampler stops the study when its grid is told complete, which Optuna allows only inside
+            # study.optimize; the workers count the trials themselves (search.n_trials is capped at the grid's size).
+            study.sampler = optuna.samplers.RandomSampler()
         frozen = study.get_trials(deepcopy=False)[number]
         values = frozen.intermediate_values
         if how == "complete" and not values:
