@@ -177,7 +177,9 @@ def _continued(sweep_dir: Path, spec: layout.SearchSpec) -> layout.SearchSpec:
     """The same command again continues the study; anything that would change what its trials mean is refused. The
     budget (n_trials, parallel, max_gpu_hours, timeout) may change."""
     old = layout.load_spec(sweep_dir)
-    changed = [k for k in SAME_STUDY if getattr(old, k) != getattr(spec, k) and k != "pruner"]
+    changed = [k for k in SAME_STUDY if getattr(old, k) != getattr(spec, k) and k not in ("pruner", "overrides")]
+    if _trained(old.overrides) != _trained(spec.overrides):
+        changed.append("overrides")
     if {k: v for k, v in old.pruner.items()} != spec.pruner:
         changed.append("pruner")
     if changed:
@@ -186,6 +188,11 @@ def _continued(sweep_dir: Path, spec: layout.SearchSpec) -> layout.SearchSpec:
     for key in ("n_trials", "parallel", "max_gpu_hours", "timeout", "ranks"):
         setattr(old, key, getattr(spec, key))
     return old
+
+
+def _trained(overrides: list[str]) -> list[str]:
+    """The overrides that change what a trial is: not how it is launched or the search's budget."""
+    return sorted(o for o in overrides if not o.lstrip("+~").startswith(("launcher.", "search.", "hydra.")))
 
 
 def _create(sweep_dir: Path, spec: layout.SearchSpec, base: DictConfig) -> None:
