@@ -119,3 +119,21 @@ def test_usr1_mid_trial_resumes_it_and_the_study_is_the_same(run_root: Path) -> 
     for x, y in zip(a, b, strict=True):
         assert sorted(x.intermediate_values) == sorted(y.intermediate_values)
         assert x.intermediate_values == pytest.approx(y.intermediate_values, rel=1e-5)
+
+
+def test_a_crashed_trial_is_failed_with_its_reason_and_the_worker_goes_on(run_root: Path) -> None:
+    args = ["optim.lr=tag(log,interval(1e-3,1e-2))", "search.n_trials=3", "search.pruner=none"]
+    out = search(run_root, "crash", *args, SLURMTRAIN_TEST_RAISE="0:3", SLURMTRAIN_TEST_ONLY_IN="trial_0001")
+    assert out.returncode == 0, out.stderr[-3000:]
+    sweep_dir = run_root / "sweeps" / "crash"
+    ts = trials(sweep_dir)
+    assert [t.state.name for t in ts] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert "injected failure on rank 0 at step 3" in ts[1].user_attrs["reason"]
+    status = launch_module("launcher.status", sweep_dir, "--json")
+    rows = json.loads(status.stdout)["trials"]
+    assert rows[1]["state"] == "failed" and "injected failure" in rows[1]["reason"]
+    # The budget: raising n_trials continues the study, but the GPU-hours are spent: no new trial, nothing trained.
+    more = search(run_root, "crash", *args, "search.n_trials=5", "search.max_gpu_hours=1e-9")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert "search.max_gpu_hours=1e-09 used: no new trial" in more.stderr
+    assert len(trials(sweep_dir)) == 3
