@@ -35,9 +35,9 @@ from train.faults.signals import StopFlag, preempt_signal
 from train.faults.watchdog import Watchdog
 from train.loss import TokenCount
 from train.model.build import build_model, flops_per_token
-from train.search.trial_report import TrialReporter
 from train.observe.metrics import IntervalLoss, MetricsLogger, log
 from train.observe.telemetry import Telemetry
+from train.search.trial_report import TrialReporter
 from train.stability.runner import NOTHING, Stability
 from train.step import TrainResult, TrainState, train_step
 from train.strategies import build_strategy

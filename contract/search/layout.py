@@ -10,7 +10,8 @@
         trials/trial_NNNN/   trial NNNN's run directory: a normal run (config.yaml, metrics.jsonl, checkpoints...)
         slurm/               the workers' array: submitit's folder and logs
 
-    RUN_DIR/trial.json      in a trial's run directory: the study and trial the run reports its metric to
+    RUN_DIR/trial.json      in a trial's run directory: the study and trial the run reports its metric to,
+                            {"sweep_dir", "number", "trial_id", "every" (eval.every), "max_steps"}
 
 A trial's user attributes in the study: run_dir, steps (steps trained), max_steps, seconds (its training wall time,
 all attempts), ranks, reason (a failed trial's one line).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from contract.search.layout import JOURNAL_FILE, SearchSpec
 
@@ -114,7 +114,7 @@ def StalledPruner(inner: Any, first: int, min_improvement: float) -> Any:  # noq
     return _stalled_class()(inner, first, min_improvement)
 
 
-def direction(spec: SearchSpec) -> str:
+def direction(spec: SearchSpec) -> Literal["minimize", "maximize"]:
     return "maximize" if spec.higher_is_better else "minimize"
 
 

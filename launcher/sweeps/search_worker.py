@@ -213,9 +213,8 @@ class Worker:
         study._storage.set_trial_user_attr(trial_id, "steps", steps_trained(run_dir))
 
     def tell(self, study: Any, number: int, run_dir: Path, how: str, reason: str = "") -> str:
-        from optuna.trial import TrialState
-
         import optuna
+        from optuna.trial import TrialState
 
         if self.spec.sampler["name"] == "grid":
             # The grid sampler stops the study when its grid is told complete, which Optuna allows only inside

@@ -23,7 +23,7 @@ class TrialReporter:
         self.number, self.trial_id = int(info["number"]), int(info["trial_id"])
         spec = load_spec(Path(info["sweep_dir"]))
         self.metric = spec.metric
-        self.study = load_study(Path(info["sweep_dir"]), spec) if env.is_main else None
+        self.study: Any = load_study(Path(info["sweep_dir"]), spec) if env.is_main else None
         self.group = cpu_group()
         self.value: float | None = None
         self.every, self.max_steps = int(info["every"]), int(info["max_steps"])
@@ -39,7 +39,7 @@ class TrialReporter:
         if step not in (0, self.max_steps) and step % self.every:
             return False  # a resume's validation between evaluations: not a step the trial reports (nor would have)
         pruned = 0
-        if self.env.is_main and self.metric in values:
+        if self.study is not None and self.metric in values:
             import optuna
 
             value = float(values[self.metric])
