@@ -76,8 +76,14 @@ class Worker:
         return self.interrupted()
 
     def interrupted(self) -> int:
-        if self.preempted and slurm_task() is not None:
-            subprocess.run(["scontrol", "requeue", str(slurm_task())], check=False, timeout=120)
+        task = slurm_task()
+        if self.preempted and task is not None:
+            # Ends this task (SLURM signals it again): its state file names the trial the requeued task resumes.
+            print(f"search worker {self.index}: preempted: requeueing {task}", file=sys.stderr, flush=True)
+            out = subprocess.run(["scontrol", "requeue", task], capture_output=True, text=True, timeout=120)
+            if out.returncode != 0:
+                print(f"search worker {self.index}: scontrol requeue {task} failed: {out.stderr.strip()}; the same "
+                      "search command resumes the trial", file=sys.stderr)
             return 0
         return EXIT_STOPPED
 
@@ -261,9 +267,10 @@ def failure_reason(run_dir: Path, code: int) -> str:
 
 
 def slurm_task() -> str | None:
+    """This worker's array task (the job, for an array of one), None outside SLURM."""
     if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
         return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return None
+    return os.environ.get("SLURM_JOB_ID")
 
 
 def work(sweep_dir: str, index: int) -> int:

@@ -88,3 +88,28 @@ def test_scancel_then_the_same_command_continues_the_study(run_root: Path) -> No
         for t in ts_:
             assert Path(t.user_attrs["run_dir"]).parent == sweep / layout.TRIALS_DIR
     assert sorted(p.name for p in (sweep_dir / layout.TRIALS_DIR).iterdir()) == [f"trial_{n:04d}" for n in range(4)]
+
+
+def test_usr1_to_a_worker_requeues_it_and_it_resumes_its_trial(run_root: Path) -> None:
+    """A preemption signal to the worker's task: the trial checkpoints, the worker requeues its task, and the task,
+    started again, resumes that same trial from its checkpoint (reporting no value twice)."""
+    from tests.slurm.helpers import squeue_state, wait_terminal
+
+    args = [*COMMON, *TRIAL, "optim.lr=tag(log,interval(1e-3,1e-2))", "search.n_trials=1", "search.parallel=1",
+            f"run.root={hq(run_root)}", "launcher.sweep_name=preempted"]
+    out = launch(*args, cwd=run_root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    job = array_id(out.stdout)
+    run_dir = layout.trial_dir(run_root / "sweeps" / "preempted", 0)
+    poll(lambda: (c := ckpt_layout.latest_complete_checkpoint(run_dir)) is not None and c.step >= 10, 300,
+         "the trial's first checkpoint", interval=0.2)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    poll(lambda: squeue_state(job) == "PENDING", 120, "the worker to requeue itself")
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
+    assert wait_terminal(job, timeout=300) == "COMPLETED"
+    sweep_dir = run_root / "sweeps" / "preempted"
+    [trial] = trials(sweep_dir)
+    assert trial.state.name == "COMPLETE" and trial.user_attrs["steps"] == 100
+    assert "resumed from" in (run_dir / "logs" / "rank_0.log").read_text()
+    assert max(reported(sweep_dir).values()) == 1
+    assert sorted(trial.intermediate_values) == list(range(0, 101, 10))
