@@ -70,6 +70,7 @@ def _run(launcher: SweepLauncher, config: DictConfig, arguments: list[str]) -> i
         print("dry run: nothing created or submitted", file=sys.stderr)
         return 0
     if base.cluster is None:
+        refuse_live_local_workers(sweep_dir)
         _create(sweep_dir, spec, base)
         return _run_here(sweep_dir, spec)
     from launcher.sweeps import search_submit
@@ -218,9 +219,29 @@ def orphaned_trials(sweep_dir: Path, spec: layout.SearchSpec) -> list[int]:
     from contract.search.optuna_objects import load_study
 
     study = load_study(sweep_dir, spec)
-    for index in range(max(spec.parallel, 64)):
-        layout.worker_file(sweep_dir, index).unlink(missing_ok=True)
+    for path in (sweep_dir / layout.WORKERS_DIR).glob("worker_*.json"):
+        path.unlink()
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+
+
+def refuse_live_local_workers(sweep_dir: Path) -> None:
+    """Workers of an earlier command on this host still at work (another terminal): a second set would resume the
+    trials they train."""
+    import socket
+
+    for path in sorted((sweep_dir / layout.WORKERS_DIR).glob("worker_*.json")):
+        state = layout.read_json(path, {})
+        pid = state.get("pid")
+        if state.get("job") or state.get("host") != socket.gethostname() or not isinstance(pid, int):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass
+        raise ConfigError(f"search {sweep_dir.name} is still running here (worker pid {pid}): wait for it, or stop it "
+                          f"(kill -TERM {pid} checkpoints its trial) and run this command again")
 
 
 def _run_here(sweep_dir: Path, spec: layout.SearchSpec) -> int:

@@ -56,3 +56,29 @@ def test_space_reads_hydra_optuna_sweeper_syntax() -> None:
         parse(["trainer.max_steps=30"])
     with pytest.raises(ConfigError, match="log interval needs LOW > 0"):
         parse(["optim.lr=tag(log,interval(0,1))"])
+
+
+def test_a_worker_takes_no_new_trial_once_the_budget_is_spent(tmp_path: Path) -> None:
+    import time
+    from types import SimpleNamespace
+
+    from contract.search import layout
+    from launcher.sweeps.search_worker import Worker
+
+    spec = layout.SearchSpec(
+        study_name="s", storage="", params={}, overrides=[], metric="val/val/loss", higher_is_better=False,
+        pruner={"name": "none", "min_resource": 5}, sampler={"name": "tpe", "seed": 0}, n_trials=3, parallel=1,
+        max_gpu_hours=None, timeout=None, max_steps=30, ranks=2, cwd=str(tmp_path), command="", created=time.time())
+    layout.save_spec(tmp_path, spec)
+    worker = Worker(tmp_path, 0)
+    half_hour = SimpleNamespace(user_attrs={"seconds": 1800.0, "ranks": 2})  # 1 GPU-hour
+    assert worker.budget_left([half_hour, half_hour])
+    assert not worker.budget_left([half_hour] * 3)  # n_trials
+    worker.spec.max_gpu_hours = 2.5
+    assert worker.budget_left([half_hour, half_hour]) and not worker.budget_left([half_hour] * 3)
+    worker.spec.max_gpu_hours, worker.spec.n_trials = 2.0, 10
+    assert not worker.budget_left([half_hour, half_hour])
+    worker.spec.max_gpu_hours, worker.spec.timeout = None, 60.0
+    assert worker.budget_left([])
+    worker.spec.created -= 61
+    assert not worker.budget_left([])
