@@ -19,6 +19,7 @@ all attempts), ranks, reason (a failed trial's one line).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +57,12 @@ class SearchSpec:
     command: str
     created: float  # epoch seconds: search.timeout counts from here
     arrays: list[str] = field(default_factory=list)  # the SLURM arrays of workers, oldest first
+
+
+def study_name(sweep_dir: Path) -> str:
+    """The sweep directory's name and a hash of its path: two searches sharing one RDB (search.storage) never mix."""
+    path = str(Path(sweep_dir).resolve())
+    return f"{Path(path).name}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
 
 
 def trial_dir(sweep_dir: Path, number: int) -> Path:

@@ -62,7 +62,9 @@ def _run(launcher: SweepLauncher, config: DictConfig, arguments: list[str]) -> i
     worst = _worst_case(spec, plan)
     if (sweep_dir / layout.SPEC_FILE).is_file():
         spec = _continued(sweep_dir, spec)
-    print(plan.summary(), file=sys.stderr)
+    # Each trial trains in its own run directory under the sweep directory, not in the one a single run would have.
+    print(plan.summary().replace(str(plan.run_dir), str(sweep_dir / layout.TRIALS_DIR / "trial_NNNN")),
+          file=sys.stderr)
     print(f"search {sweep_dir.name}: {spec.n_trials} trials over {', '.join(space.params)}, {spec.parallel} "
           f"worker(s), sampler {spec.sampler['name']}, pruner {spec.pruner['name']} on {spec.metric} "
           f"({'higher' if spec.higher_is_better else 'lower'} is better); {worst}", file=sys.stderr)
@@ -148,7 +150,7 @@ def _spec(cfg: DictConfig, space: Space, sweep_dir: Path, plan: Any) -> layout.S
     max_steps = int(plan.max_steps or cfg.trainer.max_steps)
     every = int(cfg.eval.every)
     return layout.SearchSpec(
-        study_name=sweep_dir.name, storage=str(s.storage or ""), params=space.params, overrides=space.fixed,
+        study_name=layout.study_name(sweep_dir), storage=str(s.storage or ""), params=space.params, overrides=space.fixed,
         metric=metric, higher_is_better=ranking(raw, "search.metric").higher_is_better,
         pruner={"name": str(s.pruner), "min_resource": int(s.min_resource or every),
                 "reduction_factor": int(s.reduction_factor), "max_resource": max_steps,

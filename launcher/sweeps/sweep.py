@@ -29,6 +29,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 SWEEP_NAME_RESOLVER = "slurmtrain_sweep_name"
+# A search's budget: the same search command with more trials or workers continues the same search.
+SEARCH_BUDGET = ("search.n_trials=", "search.parallel=", "search.max_gpu_hours=", "search.timeout=")
 
 
 @dataclass
@@ -56,7 +58,7 @@ def sweep_name(explicit: str | None, overrides: Any) -> str:
     if explicit:
         return str(explicit)
     items = list(overrides) if isinstance(overrides, (list, ListConfig)) else []
-    kept = sorted(str(o) for o in items if not str(o).lstrip("+~").startswith(("launcher.", "hydra.")))
+    kept = sorted(str(o) for o in items if not str(o).lstrip("+~").startswith(("launcher.", "hydra.", *SEARCH_BUDGET)))
     return "sweep-" + hashlib.sha1(json.dumps(kept).encode()).hexdigest()[:8]
 
 

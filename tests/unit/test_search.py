@@ -82,3 +82,28 @@ def test_a_worker_takes_no_new_trial_once_the_budget_is_spent(tmp_path: Path) ->
     assert worker.budget_left([])
     worker.spec.created -= 61
     assert not worker.budget_left([])
+
+
+def test_an_rdb_storage_keeps_two_searches_apart(tmp_path: Path) -> None:
+    """search.storage=sqlite:///...: one database, two sweep directories of the same name, two studies."""
+    import time
+
+    from contract.search import layout
+    from contract.search.optuna_objects import create_study, load_study
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    for root in ("a", "b"):
+        sweep_dir = tmp_path / root / "sweeps" / "lr"
+        spec = layout.SearchSpec(
+            study_name=layout.study_name(sweep_dir), storage=url, params={},
+            overrides=[], metric="val/val/loss", higher_is_better=False,
+            pruner={"name": "median", "min_resource": 5}, sampler={"name": "random", "seed": 0}, n_trials=1,
+            parallel=1, max_gpu_hours=None, timeout=None, max_steps=30, ranks=1, cwd=str(tmp_path), command="",
+            created=time.time())
+        create_study(sweep_dir, spec)
+        load_study(sweep_dir, spec).enqueue_trial({})
+    import optuna
+
+    names = optuna.get_all_study_names(url)
+    assert len(names) == 2 and all(name.startswith("lr-") for name in names)
+    assert all(len(optuna.load_study(study_name=name, storage=url).trials) == 1 for name in names)
