@@ -150,6 +150,8 @@ class Worker:
             config_path, nproc = self.prepare(number, frozen.params, frozen._trial_id, run_dir)
         except ConfigError as err:
             return self.tell(study, number, run_dir, "fail", reason=str(err))
+        except Exception as err:  # a trial that can't be prepared fails alone; the worker goes on
+            return self.tell(study, number, run_dir, "fail", reason=f"{type(err).__name__}: {' '.join(str(err).split())}")
         started = time.time()
         test_hook = self.test_signal(number, run_dir)
         self.in_trial = True
