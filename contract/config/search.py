@@ -29,6 +29,9 @@ class SearchConfig:
     min_resource: int | None = num(None, 1)
     # asha and hyperband: a third (3) of the trials at each rung go on to the next.
     reduction_factor: int = num(3, 2)
+    # From the first rung on, a trial whose metric has not improved on its untrained value (step 0) by this fraction
+    # of it is pruned, whatever the pruner (a frozen or diverging run); 0: off. Not with search.pruner=none.
+    min_improvement: float = num(0.01, 0, 1)
     # Where the study lives. None: Optuna's file journal in the sweep directory (no database server, works on a
     # shared filesystem); or an RDB URL (sqlite:///..., postgresql://...) for a study shared across clusters.
     storage: str | None = None

@@ -154,7 +154,7 @@ def _spec(cfg: DictConfig, space: Space, sweep_dir: Path, plan: Any) -> layout.S
         metric=metric, higher_is_better=ranking(raw, "search.metric").higher_is_better,
         pruner={"name": str(s.pruner), "min_resource": int(s.min_resource or every),
                 "reduction_factor": int(s.reduction_factor), "max_resource": max_steps,
-                "min_improvement": 0.01},
+                "min_improvement": float(s.min_improvement)},
         sampler={"name": str(s.sampler), "seed": int(s.seed)}, n_trials=n_trials, parallel=int(s.parallel),
         max_gpu_hours=None if s.max_gpu_hours is None else float(s.max_gpu_hours),
         timeout=None if s.timeout is None else float(s.timeout), max_steps=max_steps, ranks=int(plan.world_size),

@@ -191,7 +191,7 @@ class Worker:
                 OmegaConf.update(cfg, key, value, merge=False)
             cfg.run.root, cfg.run.name = str(run_dir.parent), run_dir.name
             cfg.run.resume, cfg.run.overwrite = True, False
-            if self.spec.pruner["name"] != "none":
+            if self.spec.pruner["name"] != "none" and self.spec.pruner.get("min_improvement"):
                 cfg.eval.at_start = True  # the untrained model's value: a trial that does not improve on it is pruned
             if cfg.cluster is not None:  # inside this worker's allocation: its ranks are local processes
                 cfg.local.nproc = self.spec.ranks

@@ -63,6 +63,8 @@ def test_lr_search_prunes_hopeless_trials_at_the_first_rung(run_root: Path) -> N
     best = min((t for t in ts if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert steps[best.number] == STEPS
     assert abs(math.log10(best.params["optim.lr"] / grid_best)) <= 1, (best.params, grid_best)
+    print(f"grid best lr {grid_best:g}; search best trial {best.number} lr {best.params['optim.lr']:.3g}; steps "
+          f"{sum(steps.values())} of {12 * STEPS}; pruned {sum(t.state.name == 'PRUNED' for t in ts)} of 12")
     assert sum(steps.values()) <= 0.7 * 12 * STEPS, steps
     assert max(reports(sweep_dir).values()) == 1
 
