@@ -163,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     if (remote_code := forward_or_none("launcher.report", argv)) is not None:  # +remote=NAME or NAME:PATH
         return remote_code
     args = build_parser().parse_args(argv)
+    from contract.search.layout import is_search_dir
+
+    if args.overlay is None and args.dirs and all(is_search_dir(path) for path in args.dirs):
+        from launcher.sweeps.search_status import main_report  # a hyperparameter search: its trials' values
+
+        return max(main_report(path) for path in args.dirs)
     try:
         smoothing = smoothing_weight(args.smoothing)
         # Every DIR checked before anything is written.

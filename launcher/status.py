@@ -196,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--json and --watch do not combine: drop one (loop `--json` yourself to poll)")
         if args.watch is not None and not args.watch > 0:
             raise ConfigError(f"--watch {args.watch:g}: give a positive number of seconds")
+        from contract.search.layout import is_search_dir
+
+        if is_search_dir(args.dir):  # a hyperparameter search: its trials, from the study
+            from launcher.sweeps.search_status import main_status
+
+            return main_status(args.dir, args.json)
         if args.dir.is_dir() and not (args.dir / "config.yaml").is_file():
             from launcher.prepare.status import is_preparation
 

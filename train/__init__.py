@@ -16,6 +16,7 @@ directory through the contract (contract/) and never imports launcher/.
     weights/       weights in and out: model.init_from, weight files, export
     evaluation/    validation sets and the pass; evaluation jobs' entry and submission
     stability/     non-finite steps, spikes, rollback, replica checks
+    search/        a search's trial: its metric reported to the study at each evaluation, pruned there
     faults/        preemption, signals, hangs (watchdog), unexpected failures and requeue
     observe/       logs, metrics and wandb; telemetry (MFU, stragglers, profiles); measured memory
 """

@@ -37,6 +37,7 @@ from train.loss import TokenCount
 from train.model.build import build_model, flops_per_token
 from train.observe.metrics import IntervalLoss, MetricsLogger, log
 from train.observe.telemetry import Telemetry
+from train.search.trial_report import TrialReporter
 from train.stability.runner import NOTHING, Stability
 from train.step import TrainResult, TrainState, train_step
 from train.strategies import build_strategy
@@ -141,8 +142,12 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     interval = IntervalLoss(state.loss_sum, state.loss_steps)  # loss_avg: the mean loss since the previous row
     outcome = StopOutcome(0, None)
     validator = Validator(cfg, strategy, device)
+    trial = TrialReporter.open(run_dir, env)  # a search's trial reports its metric at each evaluation
     if validator.due_at_start(state.step, run_dir):  # step 0 (eval.at_start), or a resume at a step not validated
-        metrics.log_validation(state.step, state.tokens, validate(validator, model, watchdog, metrics))
+        start_values = validate(validator, model, watchdog, metrics)
+        metrics.log_validation(state.step, state.tokens, start_values)
+        if trial is not None:
+            trial.report(state.step, start_values, decide=False)
     prefetcher: BatchPrefetcher | None = None
     stability = Stability(cfg, env, device, run_dir, strategy, ckpt, global_batch)
     try:
@@ -173,6 +178,9 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                             loss=logged, loss_avg=loss_avg, lr=lr, grad_norm=float(grad_norm),
                             **stability.log_fields(state.step, logged), **val)
             metrics.tick(state.step, logged)
+            if val and trial is not None and trial.report(state.step, val):
+                outcome = trial.pruned_outcome(state.step)
+                break
             stop = state.step < t.max_steps and watcher.stop_requested(state.step, stability.wanted())
             # Trouble (train/stability): agreed with the stop, or at the end from every verdict; before any save.
             action = watcher.trouble if state.step < t.max_steps else stability.wanted(drain=True)

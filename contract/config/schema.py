@@ -27,6 +27,7 @@ from contract.config.operations import (
     WatchdogConfig,
 )
 from contract.config.remote import RemoteConfig
+from contract.config.search import SearchConfig
 from contract.config.training import (
     DataConfig,
     ModelConfig,
@@ -41,7 +42,7 @@ __all__ = [
     "Config", "SEED_MAX", "num", "path_key", "ModelConfig", "DataConfig", "OptimConfig", "StrategyConfig",
     "ParallelConfig", "PrecisionConfig", "TrainerConfig", "RunConfig", "CheckpointConfig", "LocalConfig",
     "LoggerConfig", "LauncherConfig", "TelemetryConfig", "WatchdogConfig", "ProfileConfig", "ClusterConfig",
-    "EvalConfig", "StabilityConfig", "RemoteConfig",
+    "EvalConfig", "StabilityConfig", "RemoteConfig", "SearchConfig",
 ]
 
 
@@ -63,6 +64,7 @@ class Config:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     stability: StabilityConfig = field(default_factory=StabilityConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     cluster: ClusterConfig | None = None
     profile: ProfileConfig | None = None
     # +remote=NAME never reaches a composed config: the command runs on that login node (launcher/run/remote/).

@@ -1,8 +1,9 @@
 """RUN_DIR/events.jsonl: one line per attempt's end, and the figures derived from it. Pure stdlib (login side).
 
     {"time": epoch, "kind": "finished" | "preempted" | "stopped" | "cancelled" | "crashed" | "hung" | "limit_reached"
-     | "environment" | "killed", "attempt": N, "job": id, "host": name, "step": N, "steps_lost": K, ...}
+     | "environment" | "killed" | "pruned", "attempt": N, "job": id, "host": name, "step": N, "steps_lost": K, ...}
 
+A `pruned` end is a search's trial that its pruner stopped (train/search/): `trial`, `metric` and `value` say where.
 An `environment` end (contract/rundir/environment.py: a full disk, a vanished or read-only run directory, host memory
 exhausted) carries its cause and the one line the user saw (`message`). A `killed` end is a local run stopped at
 once, without a checkpoint (a second Ctrl-C): the local launcher records it, as it records the end of an attempt

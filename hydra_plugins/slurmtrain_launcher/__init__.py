@@ -13,3 +13,7 @@ class SlurmtrainLauncher(_sweep.SweepLauncher):
 
 class SlurmtrainSweeper(_sweep.SweepSweeper):
     pass
+
+
+class SlurmtrainSearchSweeper(_sweep.SearchSweeper):
+    pass

@@ -20,6 +20,8 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  "eval",
                  # The layout: a run may resume on another one (DCP reshards).
                  "parallel",
+                 # A search's settings (its trials' own values are the searched keys, hashed like any other).
+                 "search",
                  "trainer.max_steps",
                  # A budget the plan converts to trainer.max_steps: how long the run goes, like it.
                  "trainer.max_tokens", "trainer.max_epochs", "trainer.epochs_of",

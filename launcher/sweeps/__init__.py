@@ -4,4 +4,11 @@
     sweep_run.py   a training sweep: every point planned first, then one job array per resource shape
     summary.py     the table that ends a local sweep: each point's result, ranked by what was measured
     sweepdir.py    the sweep directory's sweep.json: the points, their run directories, the arrays that ran them
+
+`-m hydra/sweeper=search`: a hyperparameter search (an Optuna study; its files: contract/search/layout.py)
+    search.py         checked whole, the study created, the workers started here or submitted
+    search_space.py   the search space from Hydra's sweep syntax (interval, tag(log,...), choice, range)
+    search_submit.py  the workers as one SLURM job array
+    search_worker.py  a worker: take a trial (its own interrupted one first), train it as a local run, tell the study
+    search_status.py  launcher.status and launcher.report of a search: the trials, the best, GPU-hours, the plots
 """

@@ -29,6 +29,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 SWEEP_NAME_RESOLVER = "slurmtrain_sweep_name"
+# A search's budget: the same search command with more trials or workers continues the same search.
+SEARCH_BUDGET = ("search.n_trials=", "search.parallel=", "search.max_gpu_hours=", "search.timeout=")
 
 
 @dataclass
@@ -56,7 +58,7 @@ def sweep_name(explicit: str | None, overrides: Any) -> str:
     if explicit:
         return str(explicit)
     items = list(overrides) if isinstance(overrides, (list, ListConfig)) else []
-    kept = sorted(str(o) for o in items if not str(o).lstrip("+~").startswith(("launcher.", "hydra.")))
+    kept = sorted(str(o) for o in items if not str(o).lstrip("+~").startswith(("launcher.", "hydra.", *SEARCH_BUDGET)))
     return "sweep-" + hashlib.sha1(json.dumps(kept).encode()).hexdigest()[:8]
 
 
@@ -67,10 +69,18 @@ class SlurmtrainSweeperConf:
     params: dict[str, str] | None = None
 
 
+@dataclass
+class SearchSweeperConf:
+    """hydra/sweeper=search: a hyperparameter search (launcher/sweeps/search.py); its settings are the search.* keys."""
+
+    _target_: str = "hydra_plugins.slurmtrain_launcher.SlurmtrainSearchSweeper"
+
+
 def register_launcher() -> None:
     store = ConfigStore.instance()
     store.store(group="hydra/launcher", name="slurmtrain", node=SlurmtrainLauncherConf, provider="slurmtrain")
     store.store(group="hydra/sweeper", name="slurmtrain", node=SlurmtrainSweeperConf, provider="slurmtrain")
+    store.store(group="hydra/sweeper", name="search", node=SearchSweeperConf, provider="slurmtrain")
     if not OmegaConf.has_resolver(SWEEP_NAME_RESOLVER):
         OmegaConf.register_new_resolver(SWEEP_NAME_RESOLVER, sweep_name)
 
@@ -109,6 +119,38 @@ class SweepSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         return self.inner.sweep(arguments)
+
+
+class SearchSweeper(Sweeper):
+    """hydra/sweeper=search: the command's sweep overrides are a search space, not a grid (launcher/sweeps/search.py).
+    Points are composed by slurmtrain's training launcher (its load_point), which Hydra instantiates here."""
+
+    def __init__(self) -> None:
+        self.config: DictConfig | None = None
+        self.launcher: SweepLauncher | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.config = config
+        launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context, task_function=task_function,
+                                                         config=config)
+        assert isinstance(launcher, SweepLauncher)
+        self.launcher = launcher
+
+    def sweep(self, arguments: list[str]) -> Any:
+        from launcher.checks import hydra_errors
+        from launcher.sweeps.search import run_search
+
+        hydra_errors.release()
+        assert self.launcher is not None and self.config is not None
+        setup_globals()
+        code = run_search(self.launcher, self.config, list(arguments))
+        if code:
+            from contract.errors import SweepExit
+
+            raise SweepExit(code)
+        return []
 
 
 def _is_value_override(override: Any) -> bool:

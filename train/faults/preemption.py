@@ -24,7 +24,8 @@ from train.distributed import DistEnv, cpu_group
 from train.faults.signals import StopFlag
 from train.observe.metrics import log
 
-# Fault injection for tests: "STEP:RANK" makes RANK send itself the preemption signal after STEP.
+# Fault injection for tests: "STEP:RANK" makes RANK send itself the preemption signal after STEP; "STEP:RANK:parent"
+# sends it to the rank's parent instead (a search worker, launcher/sweeps/search_worker.py, which forwards it).
 TEST_SIGNAL_ENV = "SLURMTRAIN_TEST_SIGNAL"
 # Fault injection for tests: "RANK" dies (SIGKILL) at its first step boundary after a SIGTERM, as a rank does whose
 # node ends it before it can save (a cancel's KillWait running out on one node first).
@@ -53,7 +54,9 @@ class PreemptionWatcher:
         # every step, and nothing but a log step should.
         self.group = cpu_group()
         spec = os.environ.get(TEST_SIGNAL_ENV)
-        self._test_trigger = tuple(int(x) for x in spec.split(":")) if spec else None
+        fields = spec.split(":") if spec else []
+        self._test_trigger = (int(fields[0]), int(fields[1])) if fields else None
+        self._test_target = os.getppid() if fields[2:] == ["parent"] else os.getpid()
         self._test_die_on_term = os.environ.get(TEST_DIE_ON_TERM_ENV) == str(env.rank)
         self.agreed = NOTHING
         # What the stability verdicts call for (train/stability/monitor.py), agreed in the same all-reduce.
@@ -63,7 +66,7 @@ class PreemptionWatcher:
         """Collective: every rank must call it at every step boundary. `trouble`: this rank's stability action,
         agreed (the largest) into self.trouble."""
         if self._test_trigger == (step, self.env.rank):
-            os.kill(os.getpid(), self.flag.preempt)
+            os.kill(self._test_target, self.flag.preempt)
         if self._test_die_on_term and self.flag.received == signal.SIGTERM:
             os.kill(os.getpid(), signal.SIGKILL)
         local = REQUEUE if self.flag.wants_requeue else STOP if self.flag.received is not None else NOTHING

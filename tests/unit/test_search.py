@@ -1,0 +1,109 @@
+"""A search's checks before anything runs (acceptance 6), its plan's worst case, and the search space's reading of
+Hydra's sweep syntax. No trial trains here (tests/dist/test_search.py, tests/slurm/test_search.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contract.errors import ConfigError
+from launcher.sweeps.search_space import grid_values, parse
+from tests.conftest import hq, launch
+
+BAD = [
+    (["optim.lrr=tag(log,interval(1e-5,1))", "eval.every=5"], "optim.lrr is not a slurmtrain key: did you mean optim.lr?"),
+    (["optim.lr=interval(1,1e-5)", "eval.every=5"], "an empty interval"),
+    (["optim.lr=tag(log,interval(1e-5,1))", "search.pruner=asha"], "set eval.every=N"),
+    (["optim.lr=tag(log,interval(1e-5,1))", "eval.every=5", "search.n_trials=0"], "search.n_trials=0"),
+]
+
+
+@pytest.mark.parametrize(("args", "words"), BAD, ids=["unknown key", "empty interval", "no eval.every", "no trials"])
+def test_bad_input_is_one_line_exit_2_and_nothing_created(tmp_path: Path, args: list[str], words: str) -> None:
+    root = tmp_path / "runs"
+    out = launch("-m", "hydra/sweeper=search", *args, f"run.root={hq(root)}", "+cluster=local_slurm", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+    assert not root.exists()  # no sweep directory, no study, nothing submitted (it would be recorded there)
+
+
+def test_dry_run_prints_the_worst_case_and_creates_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    out = launch("-m", "hydra/sweeper=search", "optim.lr=tag(log,interval(1e-5,1))", "optim.warmup_steps=choice(2,5)",
+                 "eval.every=5", "trainer.max_steps=30", "search.n_trials=12", "search.parallel=3",
+                 "search.pruner=asha", "+cluster=local_slurm", "cluster.nodes=1", "launcher.dry_run=true", f"run.root={hq(root)}",
+                 cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "12 trials over optim.lr, optim.warmup_steps, 3 worker(s), sampler tpe, pruner asha" in out.stderr
+    assert "worst case (no trial pruned): 12 x 30 = 360 steps" in out.stderr
+    assert "dry run: nothing created or submitted" in out.stderr
+    assert not root.exists()
+
+
+def test_space_reads_hydra_optuna_sweeper_syntax() -> None:
+    space = parse(["optim.lr=tag(log,interval(1e-5,1e-1))", "optim.warmup_steps=choice(50,200,800)",
+                   "trainer.seed=range(1,4)", "trainer.max_steps=30", "+cluster=local_slurm"])
+    assert space.params["optim.lr"] == {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}
+    assert space.params["optim.warmup_steps"] == {"type": "categorical", "choices": [50, 200, 800]}
+    assert space.params["trainer.seed"] == {"type": "int", "low": 1, "high": 3, "step": 1, "log": False}
+    assert space.fixed == ["trainer.max_steps=30", "+cluster=local_slurm"]
+    assert grid_values(parse(["a.b=choice(1,2)", "c.d=range(0,6,2)"])) == {"a.b": [1, 2], "c.d": [0, 2, 4]}
+    with pytest.raises(ConfigError, match="continuous"):
+        grid_values(space)
+    with pytest.raises(ConfigError, match="needs a parameter to search"):
+        parse(["trainer.max_steps=30"])
+    with pytest.raises(ConfigError, match="log interval needs LOW > 0"):
+        parse(["optim.lr=tag(log,interval(0,1))"])
+
+
+def test_a_worker_takes_no_new_trial_once_the_budget_is_spent(tmp_path: Path) -> None:
+    import time
+    from types import SimpleNamespace
+
+    from contract.search import layout
+    from launcher.sweeps.search_worker import Worker
+
+    spec = layout.SearchSpec(
+        study_name="s", storage="", params={}, overrides=[], metric="val/val/loss", higher_is_better=False,
+        pruner={"name": "none", "min_resource": 5}, sampler={"name": "tpe", "seed": 0}, n_trials=3, parallel=1,
+        max_gpu_hours=None, timeout=None, max_steps=30, ranks=2, cwd=str(tmp_path), command="", created=time.time())
+    layout.save_spec(tmp_path, spec)
+    worker = Worker(tmp_path, 0)
+    half_hour = SimpleNamespace(user_attrs={"seconds": 1800.0, "ranks": 2})  # 1 GPU-hour
+    assert worker.budget_left([half_hour, half_hour])
+    assert not worker.budget_left([half_hour] * 3)  # n_trials
+    worker.spec.max_gpu_hours = 2.5
+    assert worker.budget_left([half_hour, half_hour]) and not worker.budget_left([half_hour] * 3)
+    worker.spec.max_gpu_hours, worker.spec.n_trials = 2.0, 10
+    assert not worker.budget_left([half_hour, half_hour])
+    worker.spec.max_gpu_hours, worker.spec.timeout = None, 60.0
+    assert worker.budget_left([])
+    worker.spec.created -= 61
+    assert not worker.budget_left([])
+
+
+def test_an_rdb_storage_keeps_two_searches_apart(tmp_path: Path) -> None:
+    """search.storage=sqlite:///...: one database, two sweep directories of the same name, two studies."""
+    import time
+
+    from contract.search import layout
+    from contract.search.optuna_objects import create_study, load_study
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    for root in ("a", "b"):
+        sweep_dir = tmp_path / root / "sweeps" / "lr"
+        spec = layout.SearchSpec(
+            study_name=layout.study_name(sweep_dir), storage=url, params={},
+            overrides=[], metric="val/val/loss", higher_is_better=False,
+            pruner={"name": "median", "min_resource": 5}, sampler={"name": "random", "seed": 0}, n_trials=1,
+            parallel=1, max_gpu_hours=None, timeout=None, max_steps=30, ranks=1, cwd=str(tmp_path), command="",
+            created=time.time())
+        create_study(sweep_dir, spec)
+        load_study(sweep_dir, spec).enqueue_trial({})
+    import optuna
+
+    names = optuna.get_all_study_names(url)
+    assert len(names) == 2 and all(name.startswith("lr-") for name in names)
+    assert all(len(optuna.load_study(study_name=name, storage=url).trials) == 1 for name in names)
