@@ -247,3 +247,7 @@ class TrainerConfig:
     prefetch_steps: int = num(2, 0, 64)
     # A progress bar on rank 0's standard error when it is a terminal.
     progress_bar: bool = True
+    # Python's garbage collector during training (train/gc_control.py, as torchtitan does): what set-up made is frozen,
+    # automatic collection is off and a young-generation collection runs every this many steps, so that no rank stalls
+    # at a random step for a full collection. 0: Python's automatic collection.
+    gc_every: int = num(50, 0)

@@ -29,6 +29,8 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  # Resuming on changed data is a launch-time permission, not a setting of what is trained.
                  "data.allow_changed",
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every", "trainer.prefetch_steps",
+                 # When Python collects garbage: host timing only.
+                 "trainer.gc_every",
                  # Derived from the global batch and the world size: a run may resume on another world size.
                  "trainer.grad_accum_steps", "optim.scaled_lr")
 
