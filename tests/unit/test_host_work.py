@@ -40,3 +40,32 @@ def test_gc_every_zero_leaves_python_alone(collections: list[int]) -> None:
         control.step(step)
     control.close()
     assert gc.isenabled() and collections == []
+
+
+def test_fused_where_the_parameters_allow() -> None:
+    import torch
+
+    from train.optim import kernel_choice
+
+    cpu = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
+    assert kernel_choice(cpu) == ("fused", "every parameter on cpu")
+    kind, reason = kernel_choice(cpu, fused=False, why_not="fp16's GradScaler skips steps itself")
+    assert (kind, reason) == ("foreach", "fp16's GradScaler skips steps itself")
+    kind, reason = kernel_choice([*cpu, torch.zeros(2, dtype=torch.int64)])
+    assert kind == "foreach" and "torch.int64" in reason
+    kind, reason = kernel_choice([*cpu, torch.zeros(2, device="meta")])
+    assert kind == "foreach" and "meta" in reason
+
+
+def test_the_optimizer_steps_with_the_kernels_chosen() -> None:
+    import torch
+    from omegaconf import OmegaConf
+
+    from train.optim import build_optimizer
+
+    model = torch.nn.Linear(4, 4)
+    optim = OmegaConf.create({"name": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                              "weight_decay": 0.1, "no_decay": ["bias"]})
+    assert build_optimizer(model, optim).defaults["fused"] is True
+    foreach = build_optimizer(model, optim, fused=False)
+    assert foreach.defaults["foreach"] is True and not foreach.defaults["fused"]

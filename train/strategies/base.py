@@ -11,7 +11,7 @@ from torch import nn
 
 from contract.errors import ConfigError
 from train.model.blocks import blocks_for, prepare_blocks
-from train.optim import build_optimizer, build_scheduler
+from train.optim import build_optimizer, build_scheduler, kernel_choice
 from train.stability.verdict import apply_with_skip
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -114,12 +114,22 @@ class Strategy:
     def _build_optimizer(self, model: nn.Module) -> None:
         # fp16: GradScaler steps the optimizer and skips overflowing steps itself; torch's fused AdamW can't take its
         # found_inf (shape [1] against the step counts' []), so foreach kernels, as before the stability checks.
-        self.optimizer = build_optimizer(model, self.cfg.optim, fused=self.compute_dtype != torch.float16,
-                                         blocks=self.blocks)
+        fp16 = self.compute_dtype == torch.float16
+        why_not = "fp16's GradScaler skips steps itself" if fp16 else ""
+        self.optimizer = build_optimizer(model, self.cfg.optim, fused=not fp16, blocks=self.blocks, why_not=why_not)
+        self.log_kernels(model, not fp16, why_not)
         init_optimizer_state(self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         if self.compute_dtype == torch.float16:
             self.scaler = self.make_scaler()
+
+    def log_kernels(self, model: nn.Module, fused: bool, why_not: str) -> None:
+        """Rank 0 says once which kernels step the optimizer and why (train/optim.py kernel_choice)."""
+        from train.observe.metrics import log
+
+        if getattr(self.env, "is_main", False):
+            kind, reason = kernel_choice(model.parameters(), fused, why_not)
+            log.info("optimizer: %s with %s kernels (%s)", self.cfg.optim.get("name", "adamw"), kind, reason)
 
     # -- one optimizer step --------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
