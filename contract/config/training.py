@@ -210,6 +210,10 @@ class PrecisionConfig:
     name: str = MISSING
     # Dtype of the autocast region; fp32 means no autocast.
     compute_dtype: str = "float32"  # float32 | bfloat16 | float16
+    # precision=fp8 (torchao float8 training, contract/rules/float8.py): how casts to float8 are scaled, tensorwise
+    # (one scale a tensor; FSDP2 all-gathers the weights in float8) or rowwise (a scale per row: more accurate,
+    # communication in bf16).
+    float8_recipe: str = "tensorwise"
 
 
 @dataclass

@@ -60,6 +60,24 @@ def _check_model(cfg: DictConfig) -> None:
         )
 
 
+def _check_precision(cfg: DictConfig) -> None:
+    """precision=fp8: a model and strategy it converts, and GPUs with float8 tensor cores: the cluster's gpu_type
+    (a dry run for an H100 cluster plans anywhere), else this machine's (contract/rules/float8.py)."""
+    from contract.rules import float8
+
+    if not float8.enabled(cfg.precision):
+        return
+    refusal = float8.config_refusal(cfg)
+    if refusal is None and cfg.cluster is not None:
+        refusal = float8.gpu_refusal(cfg.cluster.get("gpu_type"), None, f"cluster {cfg.cluster.name}")
+    elif refusal is None:
+        from launcher.plan.world import local_gpu_capability
+
+        refusal = float8.gpu_refusal(None, local_gpu_capability(), "this machine")
+    if refusal:
+        raise ConfigError(refusal)
+
+
 def _check_strategy(cfg: DictConfig, world: int) -> None:
     from contract.rules.optimizers import strategy_refusal
     from contract.rules.strategy_names import REGISTRY

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from contract.config.schema import StrategyConfig
 from contract.errors import ConfigError
+from contract.rules import float8
 from contract.rules.optimizers import strategy_refusal
 from launcher.plan.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
 from launcher.plan.parallel import COMPOSABLE
@@ -265,7 +266,7 @@ class Budget:
         text = f"compute: {self.flops_per_token / 1e9:.3g} GFLOP per token"
         if self.step_s is None:
             return text + " (no peak TFLOP/s known: set telemetry.peak_tflops for a time estimate)"
-        text += (f", about {self.step_s:.3g} s per step at {self.mfu:.0%} MFU of {self.peak_tflops:g} TFLOP/s, "
+        text += (f", about {self.step_s:.3g} s per step at {self.mfu:.0%} MFU of {self.peak_tflops:.4g} TFLOP/s, "
                  f"{self.wall_h:.3g} h to the last step")
         if self.gpu_hours is not None:
             text += f", {self.gpu_hours:,.1f} GPU-hours"
@@ -279,7 +280,8 @@ class Budget:
 def budget(cfg: DictConfig, world: int, tokens_per_step: int, gpus: int, shape: ModelShape) -> Budget:
     fpt = shape.flops_per_token(cfg.data.seq_len)
     c = cfg.cluster
-    peak = c.peak_tflops.get(cfg.precision.name) if c is not None else cfg.telemetry.peak_tflops
+    peak = (float8.peak_tflops(cfg.precision.name, dict(c.peak_tflops), shape.config, cfg.data.seq_len)
+            if c is not None else cfg.telemetry.peak_tflops)
     mfu = float(c.assumed_mfu) if c is not None else 0.4
     if not peak:
         return Budget(fpt, None, None, None, None, None, None, None)

@@ -25,6 +25,7 @@ from launcher.checks.input_checks import check_inputs
 from launcher.checks.key_checks import check_keys
 from launcher.plan.cross_checks import (
     _check_model,
+    _check_precision,
     _check_ranges,
     _check_strategy,
     _resolve_accumulation,
@@ -186,6 +187,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     normalize_init_from(cfg)  # before the probe and the run name, which read it
     shape_lines = settle_shape(cfg)  # model.init_from's shape, before anything reads the model's keys
     _check_model(cfg)
+    _check_precision(cfg)
     check_inputs(cfg)
     check_eval(cfg)
     check_keep_best(cfg)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from contract.errors import ConfigError
+from contract.rules import float8
 from train.model.blocks import blocks_for, prepare_blocks
 from train.optim import build_optimizer, build_scheduler, kernel_choice
 from train.stability.verdict import apply_with_skip
@@ -53,6 +54,8 @@ class Strategy:
         self.grad_clip = float(cfg.optim.grad_clip)
         # False after setup(train=False): forward only (an evaluation job), no optimizer and no gradient buffers.
         self.trains = True
+        # precision=fp8 under FSDP2 with tensorwise scaling: weights all-gathered in float8 (train/model/float8.py).
+        self.float8_all_gather = False
 
     # -- set-up --------------------------------------------------------------------------------------------
     @classmethod
@@ -83,6 +86,17 @@ class Strategy:
 
         self.trains = train
         self.check_model(model)
+        if float8.enabled(self.cfg.precision):  # before compile and wrapping (torchtitan's order)
+            from train.model.float8 import convert
+
+            converted = convert(model, self.cfg, self.device)
+            self.float8_all_gather = float8.fp8_all_gather(self.cfg)
+            if getattr(self.env, "is_main", False):
+                from train.observe.metrics import log
+
+                log.info("precision fp8: %d linear layers in float8 (%s scaling%s)", converted,
+                         self.cfg.precision.float8_recipe,
+                         ", all-gathered in float8 by FSDP2" if self.float8_all_gather else "")
         if model_parallel(self.cfg):
             from train.strategies.pipeline import rank_layers
             from train.strategies.tensor_parallel import apply_tensor_parallel
@@ -181,6 +195,10 @@ class Strategy:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.float8_all_gather:
+            from train.model.float8 import precompute_scales
+
+            precompute_scales(self.model)
         return norm
 
     def replica_set(self) -> tuple[tuple[int, ...], list[tuple[str, torch.Tensor]]]:
