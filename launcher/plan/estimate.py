@@ -12,6 +12,7 @@ from typing import Any
 
 from contract.rules import float8
 from contract.rules.flops import flops_per_token
+from contract.rules.loss_chunks import loss_bytes
 from contract.rules.optimizers import state_bytes
 
 GB = 1024**3
@@ -234,8 +235,9 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
             activations = tokens * (m.n_layers * per_block + head_activation_bytes(m))
         activations *= shape.activation_share
     if shape.vocab_size:
-        # The logits (compute dtype), their fp32 copy for the loss and its gradient.
-        temporary += tokens * shape.vocab_size * (compute_bytes + 2 * FP32)
+        # The logits (compute dtype), and their fp32 copy for the loss and its gradient, or chunked for a large
+        # vocabulary (contract/rules/loss_chunks.py).
+        temporary += loss_bytes(tokens, shape.vocab_size, compute_bytes)
     if compute_bytes != FP32 and s.backend != "deepspeed":
         copies = compute_bytes * p
         if m is not None and float8.enabled(cfg.precision):  # the converted weights are cast to float8 instead

@@ -69,3 +69,40 @@ def test_the_optimizer_steps_with_the_kernels_chosen() -> None:
     assert build_optimizer(model, optim).defaults["fused"] is True
     foreach = build_optimizer(model, optim, fused=False)
     assert foreach.defaults["foreach"] is True and not foreach.defaults["fused"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunked_loss_equals_the_plain_loss(dtype: str) -> None:
+    """The chunked loss (a large vocabulary's) against F.cross_entropy over an fp32 copy: the loss, and the gradient
+    of the logits after a scale like accumulation's, with targets that don't count (IGNORE_INDEX) among them."""
+    import torch
+    import torch.nn.functional as F
+
+    from train.data.batches import IGNORE_INDEX
+    from train.loss import ChunkedCrossEntropy
+
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(37, 101)).to(getattr(torch, dtype)).requires_grad_()
+    targets = torch.randint(0, 101, (37,))
+    targets[[0, 5, 36]] = IGNORE_INDEX
+    chunked = ChunkedCrossEntropy.apply(logits, targets, 8)  # 5 chunks, the last one short
+    (chunked / 3).backward()
+    got = logits.grad.clone()
+    logits.grad = None
+    plain = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum") / 34
+    (plain / 3).backward()
+    tol = {"float32": 1e-6, "bfloat16": 1e-2}[dtype]
+    assert chunked.dtype == torch.float32 and chunked.item() == pytest.approx(plain.item(), rel=1e-6)
+    assert got.dtype == logits.dtype
+    torch.testing.assert_close(got.float(), logits.grad.float(), rtol=tol, atol=tol * 1e-2)
+    assert (got[[0, 5, 36]] == 0).all(), "a target that does not count gets a gradient"
+
+
+def test_chunked_only_where_the_fp32_copy_is_large() -> None:
+    from contract.rules.loss_chunks import CHUNK_BYTES, chunk_rows, loss_bytes
+
+    assert chunk_rows(8 * 64, 256) is None  # tiny: the plain loss, bit for bit as before
+    rows = chunk_rows(8 * 1024, 128256)  # llama3_1b at micro batch 8: 4.2 GB of fp32 logits
+    assert rows is not None and rows * 128256 * 4 <= CHUNK_BYTES
+    plain = 8 * 1024 * 128256 * (2 + 8)
+    assert loss_bytes(8 * 1024, 128256, 2) < plain / 2, "the estimate does not count what chunking saves"
