@@ -184,8 +184,14 @@ class StrategyConfig:
     offload_params: bool = False
     # Across strategies: recompute each transformer block's activations in backward; torch.compile each block.
     activation_checkpointing: bool = False
-    # torch.compile each transformer block.
+    # torch.compile each transformer block (or the whole model: strategy.compile_unit).
     compile: bool = False
+    # What strategy.compile compiles: blocks (each on its own, every strategy) or model (one graph across the blocks
+    # and the head: strategy=single or ddp). contract/rules/compile_modes.py.
+    compile_unit: str = "blocks"
+    # CUDA graphs (torch.compile's reduce-overhead mode) over the compiled code: one launch replays a region's
+    # kernels. Needs strategy.compile, GPUs and a static step (single or ddp, no document mask); refused elsewhere.
+    cuda_graphs: bool = False
 
 
 @dataclass

@@ -35,6 +35,7 @@ CHOICES = {
     "logger.mode": ("offline", "online", "disabled"),
     "precision.compute_dtype": ("float32", "bfloat16", "float16"),
     "precision.float8_recipe": ("tensorwise", "rowwise"),
+    "strategy.compile_unit": ("blocks", "model"),
     "checkpoint.verify": ("size", "full"),
     "local.backend": (None, "gloo", "nccl"),
     "parallel.pp_schedule": ("1f1b", "interleaved_1f1b"),

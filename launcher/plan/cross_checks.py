@@ -11,13 +11,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from contract.errors import ConfigError
+from contract.rules.compile_modes import compile_refusal
 from contract.rules.hf_config import HF_TARGET, apply_hf_config
 from contract.rules.hf_export import refuse_unexportable
 from launcher.checks.overrides import typed_for
 from launcher.plan.parallel import (
     MIN_MICRO_PER_STAGE,
 )
-from launcher.plan.world import has_gpus
+from launcher.plan.world import has_gpus, ranks_on_gpus
 
 
 def count_parameters(m: Any) -> int:
@@ -99,6 +100,9 @@ def _check_strategy(cfg: DictConfig, world: int) -> None:
     optim_refusal = strategy_refusal(cfg.optim.name, s)
     if optim_refusal:
         raise ConfigError(optim_refusal)
+    compile_reason = compile_refusal(cfg, ranks_on_gpus(cfg)) if s.compile or s.cuda_graphs or s.compile_unit != "blocks" else None
+    if compile_reason:
+        raise ConfigError(compile_reason)
     if s.name == "hsdp" and s.replicate_degree and world % s.replicate_degree:
         raise ConfigError(f"strategy.replicate_degree={s.replicate_degree} does not divide the world size "
                           f"{world}: pick a divisor of {world}")

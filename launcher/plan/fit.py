@@ -108,7 +108,7 @@ def strategy_node(name: str, base: Any) -> Any:
     strategy, _, ac = name.partition("+")
     node: Any = OmegaConf.merge(OmegaConf.structured(StrategyConfig),
                                 OmegaConf.load(CONF_DIR / "strategy" / f"{strategy}.yaml"))
-    for key in ("bucket_cap_mb", "gradient_as_bucket_view", "compile"):
+    for key in ("bucket_cap_mb", "gradient_as_bucket_view", "compile", "compile_unit", "cuda_graphs"):
         node[key] = base[key]
     node.activation_checkpointing = bool(ac) or bool(base.activation_checkpointing)
     return node

@@ -46,7 +46,8 @@ NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference
                     "model.norm_eps": 1e-5, "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
                     "model.init_from": None,
                     "data._target_": None, "data.args": {}, "data.sources": {}, "data.sft_layout": "packed",
-                    "data.document_mask": False, "precision.float8_recipe": "tensorwise"}
+                    "data.document_mask": False, "precision.float8_recipe": "tensorwise",
+                    "strategy.compile_unit": "blocks", "strategy.cuda_graphs": False}
 
 
 def hashed(key: str) -> bool:

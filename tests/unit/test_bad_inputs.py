@@ -131,6 +131,13 @@ CASES = [
          "(H100, H200, B200), and this machine has none", env={"CUDA_VISIBLE_DEVICES": ""}),
     Case("fp8-cluster-gpu", ("+cluster=a100x16", "precision=fp8"), "and cluster a100x16 has a100_80gb: run on Hopper "
          "or newer (+cluster=h100x8), or use precision=bf16"),
+    # strategy.compile's unit and CUDA graphs (issue 35 item 3): refused where they can't be honoured, saying why.
+    Case("cuda-graphs-cpu", ("strategy.compile=true", "strategy.cuda_graphs=true"), "strategy.cuda_graphs=true needs "
+         "the ranks on NVIDIA GPUs, and these run on CPUs: drop it"),
+    Case("cuda-graphs-fsdp", ("+cluster=h100x8", "strategy=fsdp", "strategy.compile=true", "strategy.cuda_graphs=true"),
+         "FSDP2 all-gathers each block's parameters into fresh memory every step"),
+    Case("compile-model-fsdp", ("strategy=fsdp", "strategy.compile=true", "strategy.compile_unit=model"),
+         "strategy.compile_unit=model compiles the model as one graph, and strategy=fsdp wraps or splits it"),
     Case("fp8-odd-dims", ("+cluster=h100x8", "precision=fp8", "model.d_model=72"), "precision=fp8 needs every "
          "dimension of the blocks' linear layers divisible by 16"),
     Case("local-nccl", ("local.backend=nccl",), "local.backend=nccl needs GPUs and this machine has none"),

@@ -106,3 +106,43 @@ def test_chunked_only_where_the_fp32_copy_is_large() -> None:
     assert rows is not None and rows * 128256 * 4 <= CHUNK_BYTES
     plain = 8 * 1024 * 128256 * (2 + 8)
     assert loss_bytes(8 * 1024, 128256, 2) < plain / 2, "the estimate does not count what chunking saves"
+
+
+def _strategy_cfg(**strategy: object) -> object:
+    from omegaconf import OmegaConf
+
+    s = {"name": "ddp", "backend": "torch", "compile": True, "compile_unit": "blocks", "cuda_graphs": False, **strategy}
+    return OmegaConf.create({"strategy": s, "parallel": {"tp": 1, "pp": 1}, "data": {"document_mask": False}})
+
+
+@pytest.mark.parametrize(("strategy", "on_gpus", "expect"), [
+    ({"compile_unit": "model"}, False, None),
+    ({"compile_unit": "model", "compile": False}, False, "add strategy.compile=true"),
+    ({"compile_unit": "model", "name": "fsdp"}, False, "use strategy.compile_unit=blocks"),
+    ({"cuda_graphs": True}, True, None),
+    ({"cuda_graphs": True, "compile_unit": "model", "name": "single"}, True, None),
+    ({"cuda_graphs": True, "compile": False}, True, "add strategy.compile=true"),
+    ({"cuda_graphs": True}, False, "needs the ranks on NVIDIA GPUs"),
+    ({"cuda_graphs": True, "name": "hsdp"}, True, "all-gathers each block's parameters into fresh memory"),
+    ({"cuda_graphs": True, "name": "zero2", "backend": "deepspeed"}, True, "DeepSpeed's engine"),
+])
+def test_compile_unit_and_cuda_graphs_where_the_step_allows(strategy: dict, on_gpus: bool, expect: str | None) -> None:
+    from contract.rules.compile_modes import compile_mode, compile_refusal
+
+    cfg = _strategy_cfg(**strategy)
+    got = compile_refusal(cfg, on_gpus)
+    assert (got is None) if expect is None else (expect in got), got
+    if expect is None:
+        assert compile_mode(cfg.strategy) == ("reduce-overhead" if strategy.get("cuda_graphs") else None)
+
+
+@pytest.mark.parametrize(("extra", "why"), [({"parallel": {"tp": 1, "pp": 2}}, "sends and receives activations"),
+                                            ({"parallel": {"tp": 2, "pp": 1}}, "collectives run inside each block"),
+                                            ({"data": {"document_mask": True}}, "no two steps are alike")])
+def test_cuda_graphs_name_what_is_not_static(extra: dict, why: str) -> None:
+    from omegaconf import OmegaConf
+
+    from contract.rules.compile_modes import compile_refusal
+
+    cfg = OmegaConf.merge(_strategy_cfg(cuda_graphs=True), extra)
+    assert why in compile_refusal(cfg, True)

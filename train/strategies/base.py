@@ -116,6 +116,7 @@ class Strategy:
 
             self.parts = chunks(model, self.layout, self.virtual_stages)
         model = self.wrap(model.to(self.device))
+        self.compile_whole(model)
         self.model = model
         if train:
             self._build_optimizer(model)
@@ -124,6 +125,22 @@ class Strategy:
 
             self.pipeline = Pipeline(self, self.parts if self.virtual_stages > 1 else [model])
         return model
+
+    def compile_whole(self, model: nn.Module) -> None:
+        """strategy.compile_unit=model: the wrapped model compiled in place, as one graph (names unchanged, so
+        checkpoints are the same); strategy.cuda_graphs: in reduce-overhead mode. The launch refused what can't
+        take it (contract/rules/compile_modes.py); the ranks check it again, and the device."""
+        from contract.rules.compile_modes import compile_mode, compile_refusal
+
+        s = self.cfg.strategy
+        if not (s.get("compile") or s.get("cuda_graphs")):
+            return
+        reason = compile_refusal(self.cfg, self.device.type == "cuda")
+        if reason:
+            raise ConfigError(reason)
+        if s.get("compile_unit", "blocks") == "model":
+            mode = compile_mode(s)
+            model.compile(**({"mode": mode} if mode else {}))
 
     def _build_optimizer(self, model: nn.Module) -> None:
         # fp16: GradScaler steps the optimizer and skips overflowing steps itself; torch's fused AdamW can't take its
