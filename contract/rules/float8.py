@@ -114,3 +114,22 @@ def peak_tflops(precision: str, peaks: dict[str, float], m: Any, seq_len: int) -
     from contract.rules.flops import flops_per_token
 
     return effective_peak(flops_per_token(m, seq_len), float8_flops_per_token(m), float(fp8), float(bf16))
+
+
+def plan_line(cfg: Any) -> str:
+    """The plan's line for precision=fp8 (empty otherwise): what runs in float8 and how it is scaled."""
+    if not enabled(cfg.precision):
+        return ""
+    m = cfg.model
+    share = float8_flops_per_token(m) / max(1.0, _total_flops(m, int(cfg.data.seq_len)))
+    recipe = str(cfg.precision.get("float8_recipe", "tensorwise"))
+    gather = ", all-gathered in float8 by FSDP2" if fp8_all_gather(cfg) else ""
+    return (f"precision fp8: each block's {len(linear_shapes(m))} linear layers in float8 via torchao ({recipe} "
+            f"scaling{gather}), {share:.0%} of the FLOPs; attention, the output layer and the rest in bf16; master "
+            "weights and optimizer state fp32; MFU counts each FLOP at its own peak")
+
+
+def _total_flops(m: Any, seq_len: int) -> float:
+    from contract.rules.flops import flops_per_token
+
+    return flops_per_token(m, seq_len)

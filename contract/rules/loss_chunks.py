@@ -31,3 +31,12 @@ def loss_bytes(tokens: int, vocab: int, compute_bytes: int) -> float:
     if chunk_rows(tokens, vocab) is None:
         return float(tokens * vocab * (compute_bytes + 2 * FP32))
     return float(tokens * vocab * 2 * compute_bytes + 2 * CHUNK_BYTES)
+
+
+def plan_line(tokens: int, vocab: int) -> str:
+    """The plan's line when the loss runs chunked (empty otherwise)."""
+    rows = chunk_rows(tokens, vocab)
+    if rows is None:
+        return ""
+    return (f"loss: chunked, {rows} tokens at a time, instead of an fp32 copy of the micro batch's logits "
+            f"({tokens * vocab * FP32 / 1024**3:.1f} GB)")

@@ -76,3 +76,20 @@ def test_the_rank_refuses_without_a_hopper_gpu() -> None:
     cfg = _cfg()
     with pytest.raises(ConfigError, match="compute capability 9.0 or newer"):
         convert(build_model(cfg.model), cfg, torch.device("cpu"))
+
+
+def test_a_dry_run_for_an_h100_cluster_plans_fp8_from_a_machine_without_gpus(tmp_path) -> None:
+    """The login side has no GPU: the cluster's gpu_type decides, and the plan names fp8, its FLOPs share, the
+    float8 all-gather and the mixed peak its MFU counts against."""
+    import json
+
+    from tests.conftest import hq, launch
+
+    out = launch("+cluster=h100x8", "model=llama3_1b", "precision=fp8", "strategy=fsdp", "launcher.dry_run=true",
+                 f"run.root={hq(tmp_path)}", "run.name=fp8", CUDA_VISIBLE_DEVICES="")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "precision fp8: each block's 7 linear layers in float8 via torchao (tensorwise scaling, all-gathered in " \
+           "float8 by FSDP2)" in out.stderr
+    plan = json.loads((tmp_path / "fp8" / "plan.json").read_text())
+    assert 989.0 < plan["budget"]["peak_tflops"] < 1979.0
+    assert any(line.startswith("loss: chunked") for line in plan["step"])
