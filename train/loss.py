@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from contract.rules.loss_chunks import chunk_rows
-
 from train.data.batches import IGNORE_INDEX
 
 
