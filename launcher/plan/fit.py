@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from contract.config.schema import StrategyConfig
 from contract.errors import ConfigError
 from contract.rules import float8
+from contract.rules.compile_modes import compile_refusal
 from contract.rules.optimizers import strategy_refusal
 from launcher.plan.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
 from launcher.plan.parallel import COMPOSABLE
@@ -117,7 +118,13 @@ def strategy_node(name: str, base: Any) -> Any:
 def unavailable(name: str, cfg: DictConfig, has_gpus: bool) -> str | None:
     if strategy_refusal(cfg.optim.name, strategy_node(name, cfg.strategy)):
         return f"can't step optim={cfg.optim.name}"
+    if cfg.strategy.compile_unit == "model" or cfg.strategy.cuda_graphs:
+        reason = compile_refusal(with_strategy(cfg, name), has_gpus)
+        if reason:
+            return reason.split(":")[0]
     if name.startswith("zero"):
+        if float8.enabled(cfg.precision):
+            return "DeepSpeed does not run precision=fp8"
         if importlib.util.find_spec("deepspeed") is None:
             return "deepspeed is not installed"
         if cfg.precision.name == "fp16" and not has_gpus:
