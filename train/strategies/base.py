@@ -148,19 +148,28 @@ class Strategy:
         fp16 = self.compute_dtype == torch.float16
         why_not = "fp16's GradScaler skips steps itself" if fp16 else ""
         self.optimizer = build_optimizer(model, self.cfg.optim, fused=not fp16, blocks=self.blocks, why_not=why_not)
-        self.log_kernels(model, not fp16, why_not)
+        self.log_kernels(model, self.optimizer, not fp16, why_not)
         init_optimizer_state(self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         if self.compute_dtype == torch.float16:
             self.scaler = self.make_scaler()
 
-    def log_kernels(self, model: nn.Module, fused: bool, why_not: str) -> None:
+    def log_kernels(self, model: nn.Module, optimizer: torch.optim.Optimizer, fused: bool, why_not: str) -> None:
         """Rank 0 says once which kernels step the optimizer and why (train/optim.py kernel_choice)."""
         from train.observe.metrics import log
 
-        if getattr(self.env, "is_main", False):
-            kind, reason = kernel_choice(model.parameters(), fused, why_not)
-            log.info("optimizer: %s with %s kernels (%s)", self.cfg.optim.get("name", "adamw"), kind, reason)
+        if not getattr(self.env, "is_main", False):
+            return
+        name = self.cfg.optim.get("name", "adamw")
+        actual = ("fused" if optimizer.defaults.get("fused") else "foreach" if optimizer.defaults.get("foreach")
+                  else None)
+        if actual is None:
+            log.info("optimizer: %s with its own step (no fused or foreach kernels)", name)
+            return
+        kind, reason = kernel_choice(model.parameters(), fused, why_not)
+        if actual != kind:
+            reason = f"{name} has no fused kernel for these parameters"
+        log.info("optimizer: %s with %s kernels (%s)", name, actual, reason)
 
     # -- one optimizer step --------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:

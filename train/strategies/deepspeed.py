@@ -174,8 +174,9 @@ class DeepSpeedStrategy(Strategy):
             raise ConfigError(refusal)
         if not self.cfg.strategy.offload_optimizer:
             why_not = "DeepSpeed's wrapper steps it and can't pass the skip verdict"
-            self.log_kernels(model, False, why_not)
-            return build_optimizer(model, o, fused=False, why_not=why_not)
+            optimizer = build_optimizer(model, o, fused=False, why_not=why_not)
+            self.log_kernels(model, optimizer, False, why_not)
+            return optimizer
         # ZeRO-Offload refuses other optimizers (zero_force_ds_cpu_optimizer). Its C++ op is built with ninja
         # on first use (about a minute) and cached in ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR).
         from deepspeed.ops.adam import DeepSpeedCPUAdam
