@@ -1,8 +1,9 @@
 """make gpu-check: the one command a lent GPU runs, in under 8 minutes.
 
 1. `make test-gpu` (the gpu test tier), its log kept;
-2. the GPU arm of `python -m bench loop_overhead` (gpt2_124m/350m, bf16, compiled blocks: tokens/s and MFU of ours
-   against the bare loop on the same GPU), quick plan unless GPU_CHECK_FULL=1;
+2. the GPU arm of `python -m bench loop_overhead` (bench/loop_overhead_gpu.py: gpt2_124m mb8, gpt2_350m mb8 and
+   mb16, llama3_1b mb8 in bf16 and fp8, compiled blocks: tokens/s, MFU and ours / bare against the bare loop on the
+   same GPU, and host-device syncs per steady step), quick plan unless GPU_CHECK_FULL=1;
 3. the memory estimate against `torch.cuda.max_memory_allocated` (the CUDA arm of bench/memory_estimate.py).
 
 Everything goes to bench/results/gpu/DATE_DEVICE/ (gpu_check.json, test_gpu.log), DATE in UTC and DEVICE the GPU's
@@ -45,13 +46,13 @@ def _test_gpu(out: Path) -> dict[str, Any]:
 
 
 def _loop_overhead_gpu(full: bool) -> dict[str, Any]:
-    from bench import loop_overhead
+    from bench import loop_overhead, loop_overhead_gpu
     from train import distributed
 
     env = loop_overhead._init_single_process()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            return loop_overhead.run_gpu(*loop_overhead.GPU_PLAN["full" if full else "quick"], env, Path(tmp))
+            return loop_overhead_gpu.run_gpu(*loop_overhead_gpu.GPU_PLAN["full" if full else "quick"], env, Path(tmp))
     finally:
         distributed.destroy_process_group()
 

@@ -77,8 +77,9 @@ def ours(cfg: Any, env: Any, run_dir: Path) -> float:
 def bare(cfg: Any, steps: int, rank: int = 0, world: int = 1, device: Any = None) -> float:
     """Median wall time per step of a plain PyTorch loop over the same model work (s); with world > 1 the model is
     wrapped in a default DistributedDataParallel and each rank trains on a micro batch of its own. On a GPU
-    (`device`): the model there, autocast to the config's compute dtype, each block compiled when the config
-    compiles them (strategy.compile), and the clock read after a device sync."""
+    (`device`): the model there, autocast to the config's compute dtype, its blocks' linear layers in float8 for
+    precision=fp8, each block compiled when the config compiles them (strategy.compile), and the clock read after
+    a device sync."""
     import contextlib
 
     import torch
@@ -95,6 +96,10 @@ def bare(cfg: Any, steps: int, rank: int = 0, world: int = 1, device: Any = None
     t = cfg.trainer
     seed_everything(t.seed)
     model = build_model(cfg.model).to(device)
+    if cfg.precision.name == "fp8":  # torchao's float8 linear layers, as ours converts them
+        from train.model.float8 import convert
+
+        convert(model, cfg, device)
     if cfg.strategy.get("compile", False):
         for _, block in blocks_for(model, cfg.model, cfg.strategy):
             block.compile()
@@ -124,59 +129,6 @@ def bare(cfg: Any, steps: int, rank: int = 0, world: int = 1, device: Any = None
                 intervals.append((now - start) / LOG_EVERY)
             start = now
     return statistics.median(intervals)
-
-
-# Issue 13 item 7, on one GPU only: GPT-2 sizes in bf16 with every block compiled, tokens/s and MFU of ours
-# against the bare loop on the same GPU. Dense bf16 peaks (TFLOP/s) of the GPUs we know, for MFU.
-GPU_CASES = {"gpt2_124m": ["model=gpt2_124m"], "gpt2_350m": ["model=gpt2_350m"]}
-GPU_COMMON = ["precision=bf16", "strategy=ddp", "strategy.compile=true", "data.seq_len=1024",
-              "trainer.micro_batch_size=8", "local.nproc=1", "logger.backend=none", "trainer.ckpt_every=0",
-              f"trainer.log_every={LOG_EVERY}", "trainer.progress_bar=false"]
-GPU_TARGET = 0.97
-GPU_PLAN = {"full": (60, 3), "quick": (30, 1)}
-PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
-
-
-def run_gpu(steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
-    """tokens/s of ours / bare (same GPU, bf16, compiled blocks) and MFU of both, per GPU case."""
-    import torch
-
-    from launcher.compose import compose_and_plan
-    from train.loop import train
-    from train.model.build import build_model, flops_per_token
-
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
-    name = torch.cuda.get_device_name(device)
-    peak = next((tf for key, tf in PEAK_BF16_TFLOPS.items() if key in name), None)
-    out: dict[str, Any] = {"device": name, "peak_bf16_tflops": peak}
-    for case, overrides in GPU_CASES.items():
-        cfg, _ = compose_and_plan([*GPU_COMMON, *overrides, f"trainer.max_steps={steps}"])
-        flops, _ = flops_per_token(build_model(cfg.model), cfg.model, cfg.data.seq_len)
-        tokens_per_step = cfg.trainer.micro_batch_size * cfg.trainer.grad_accum_steps * cfg.data.seq_len
-        times: dict[str, list[float]] = {"ours": [], "bare": []}
-        for pair in range(pairs):
-            for arm in (["ours", "bare"] if pair % 2 == 0 else ["bare", "ours"]):
-                if arm == "bare":
-                    times[arm].append(bare(cfg, steps, device=device))
-                else:
-                    run_dir = tmp / f"gpu_{case}_{pair}"
-                    run_dir.mkdir(parents=True)
-                    train(cfg, env, device, run_dir)
-                    from bench.telemetry_overhead import step_times
-
-                    times[arm].append(statistics.median(step_times(run_dir / "metrics.jsonl", LOG_EVERY)))
-                torch.cuda.empty_cache()
-        ratios = [b / a for a, b in zip(times["ours"], times["bare"], strict=True)]  # tokens/s ours / bare
-        ratio = statistics.median(ratios)
-        tps = {arm: tokens_per_step / statistics.median(v) for arm, v in times.items()}
-        out[case] = {"tokens_per_s_ours": round(tps["ours"], 1), "tokens_per_s_bare": round(tps["bare"], 1),
-                     "ratio": round(ratio, 4), "pair_ratios": [round(r, 4) for r in ratios],
-                     "mfu_ours": None if peak is None else round(tps["ours"] * flops / (peak * 1e12), 4),
-                     "mfu_bare": None if peak is None else round(tps["bare"] * flops / (peak * 1e12), 4),
-                     "target_ratio": GPU_TARGET, "target_met": ratio >= GPU_TARGET, "steps_per_run": steps,
-                     "pairs": pairs, "config": [*GPU_COMMON, *overrides]}
-    return out
 
 
 def run_case(name: str, steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
@@ -356,6 +308,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             cases = {name: run_case(name, *plan[name], env, Path(tmp)) for name in CASES}
             profile = profile_ours("tiny", env, Path(tmp))
             if torch.cuda.is_available():
+                from bench.loop_overhead_gpu import GPU_PLAN, run_gpu
+
                 gpu = run_gpu(*GPU_PLAN["quick" if quick else "full"], env, Path(tmp))
             else:
                 gpu = {"skipped": "no CUDA"}
@@ -393,20 +347,22 @@ def figures(r: dict[str, Any]) -> list[dict[str, Any]]:
                      "baseline": "bare PyTorch DDP loop, same model work", "target": f"<= {c['target_ratio']}x",
                      "met": c["target_met"], "detail": f"{c['step_ms_ours']:.1f} ms vs {c['step_ms_bare']:.1f} ms"})
     if "skipped" in r["gpu"]:
-        rows.append({"figure": "GPU: gpt2_124m/350m bf16 compiled, tokens/s", "value": None,
-                     "baseline": "bare PyTorch loop on the same GPU", "target": f">= {GPU_TARGET}",
-                     "skipped": r["gpu"]["skipped"]})
+        rows.append({"figure": "GPU: gpt2_124m/350m, llama3_1b bf16 and fp8, compiled, tokens/s", "value": None,
+                     "baseline": "bare PyTorch loop on the same GPU", "target": ">= 1.0", "skipped": r["gpu"]["skipped"]})
     for name, c in _gpu_cases(r["gpu"]).items():
-        mfu = "" if c["mfu_ours"] is None else f"; MFU {c['mfu_ours']:.1%} vs {c['mfu_bare']:.1%}"
-        rows.append({"figure": f"GPU tokens/s, {name} bf16 compiled ({r['gpu']['device']})", "value": c["ratio"],
+        mfu = "" if c.get("mfu_ours") is None else f"; MFU {c['mfu_ours']:.1%} vs {c['mfu_bare']:.1%}"
+        syncs = f"; {c['syncs_per_steady_step']:g} syncs per steady step" if "syncs_per_steady_step" in c else ""
+        rows.append({"figure": f"GPU tokens/s, {name} compiled ({r['gpu']['device']})", "value": c["ratio"],
                      "baseline": "bare PyTorch loop on the same GPU", "target": f">= {c['target_ratio']}",
                      "met": c["target_met"],
-                     "detail": f"{c['tokens_per_s_ours']:.0f} vs {c['tokens_per_s_bare']:.0f} tokens/s{mfu}"})
+                     "detail": f"{c['tokens_per_s_ours']:.0f} vs {c['tokens_per_s_bare']:.0f} tokens/s{mfu}{syncs}"})
     return rows
 
 
 def _gpu_cases(gpu: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in gpu.items() if isinstance(v, dict)}
+    from bench.loop_overhead_gpu import gpu_rows
+
+    return gpu_rows(gpu)
 
 
 def report(r: dict[str, Any]) -> str:
@@ -423,11 +379,7 @@ def report(r: dict[str, Any]) -> str:
         lines.append(f"  {name}, ddp on {c['world_size']} ranks: {c['step_ms_ours']:.2f} ms vs {c['step_ms_bare']:.2f} "
                      f"ms = {c['ratio']:.3f}x (pairs {min(c['pair_ratios']):.3f}-{max(c['pair_ratios']):.3f}; target "
                      f"<= {c['target_ratio']}x: {verdict})")
-    if "skipped" in r["gpu"]:
-        lines.append(f"  GPU (gpt2_124m/350m, bf16, compiled): skipped ({r['gpu']['skipped']})")
-    for name, c in _gpu_cases(r["gpu"]).items():
-        verdict = "met" if c["target_met"] else "MISSED"
-        lines.append(f"  {name} on {r['gpu']['device']}: {c['tokens_per_s_ours']:.0f} vs {c['tokens_per_s_bare']:.0f} "
-                     f"tokens/s = {c['ratio']:.3f}x (target >= {c['target_ratio']}: {verdict}); MFU {c['mfu_ours']} "
-                     f"vs {c['mfu_bare']}")
+    from bench.loop_overhead_gpu import report_lines
+
+    lines += report_lines(r["gpu"])
     return "\n".join(lines)

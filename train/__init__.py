@@ -6,6 +6,7 @@ directory through the contract (contract/) and never imports launcher/.
     entry.py       a rank's main: the environment, the process group, the run's pieces, the loop
     loop.py        the training loop: resume, micro steps, the optimizer step, log, agree on stopping, save
     distributed.py rank, world and master address -> process group and device
+    gc_control.py  Python's garbage collector frozen after set-up and run every trainer.gc_every steps
     loss.py        the loss over the targets that count (IGNORE_INDEX left out), and the tokens a step trains
     optim.py       the optimizer (optim.name) over its parameter groups (optim.no_decay), and its schedule
     optimizers/    Muon with AdamW, Adafactor on DTensor shards, SGD and Lion: what torch's classes can't do as we need

@@ -33,6 +33,7 @@ from train.evaluation.validator import Validator
 from train.faults.preemption import PreemptionWatcher, StopOutcome, after_stop
 from train.faults.signals import StopFlag, preempt_signal
 from train.faults.watchdog import Watchdog
+from train.gc_control import GcControl
 from train.loss import TokenCount
 from train.model.build import build_model, flops_per_token
 from train.observe.metrics import IntervalLoss, MetricsLogger, log
@@ -150,8 +151,10 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             trial.report(state.step, start_values, decide=False)
     prefetcher: BatchPrefetcher | None = None
     stability = Stability(cfg, env, device, run_dir, strategy, ckpt, global_batch)
+    gc_control = GcControl(getattr(t, "gc_every", TrainerConfig.gc_every))  # a config.yaml from before the key
     try:
         prefetcher = start_prefetch(source, state, cfg, strategy, device, stability)
+        gc_control.start()  # set-up is done: freeze what it made, collect every trainer.gc_every steps from here
         while state.step < t.max_steps:
             watchdog.step_started(state.step + 1)
             state.samples = stability.step_start(state.step + 1, state.samples)  # past skipped sample ranges
@@ -167,6 +170,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             state.step += 1
             state.samples += global_batch
             state.tokens += tokens.take()
+            gc_control.step(state.step)
             logged: float | None = None
             # Before the stop agreement: a signal that comes during validation stops at this step, as always.
             val = validate(validator, model, watchdog, metrics) if validator.due(state.step) else {}
@@ -235,6 +239,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         ckpt.close()
         watchdog.save_state()
     finally:
+        gc_control.close()
         if prefetcher is not None:  # first: what it prepared past a stop is dropped; resume reads state.samples
             prefetcher.close()
         telemetry.close()

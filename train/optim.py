@@ -71,15 +71,39 @@ def peak_lr(cfg: Any) -> float:
     return float(cfg.scaled_lr if cfg.get("scaled_lr") is not None else cfg.lr)
 
 
-def build_optimizer(model: nn.Module, cfg: Any, fused: bool = True, blocks: Iterable[nn.Module] = ()
-                    ) -> torch.optim.Optimizer:
+def kernel_choice(params: Iterable[torch.Tensor], fused: bool = True, why_not: str = "") -> tuple[str, str]:
+    """Which kernels the optimizer steps with, and why: "fused" (one kernel for all parameters, no per-tensor
+    launches) wherever the parameters allow, all on one device of a type torch's fused AdamW supports and all
+    floating point (DTensor shards of FSDP and tensor parallelism included: their local shards are stepped);
+    "foreach" otherwise, or when the caller can't use fused kernels (`fused` false, `why_not` says why)."""
+    if not fused:
+        return "foreach", why_not or "fused kernels not wanted here"
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    supported = set(_get_fused_kernels_supported_devices())
+    devices, odd = set(), None
+    for p in params:
+        devices.add(str(p.device))
+        if p.device.type not in supported or not torch.is_floating_point(p):
+            odd = odd or f"a parameter is {p.dtype} on {p.device}"
+    if odd:
+        return "foreach", f"{odd}, which torch's fused kernels do not take"
+    if len(devices) > 1:
+        return "foreach", f"the parameters are spread over {len(devices)} devices ({', '.join(sorted(devices))})"
+    return "fused", f"every parameter on {next(iter(devices), 'no device')}"
+
+
+def build_optimizer(model: nn.Module, cfg: Any, fused: bool = True, blocks: Iterable[nn.Module] = (),
+                    why_not: str = "") -> torch.optim.Optimizer:
     """The optimizer optim.name names. Each takes the stability verdict as `found_inf` and skips a step without
     applying it (train/stability/verdict.py): AdamW and SGD fused (one kernel per step, on CPU and GPU alike) on the
     device, Muon on the device, Adafactor, Lion and SGD over DTensors on the host. `fused=False`: foreach kernels (DeepSpeed's wrapper
     steps it itself; fp16's GradScaler skips steps itself). `blocks`: the model's repeated blocks, whose matrices
-    Muon steps."""
+    Muon steps. kernel_choice says which kernels the parameters allow (`why_not`: why `fused` is false)."""
     name, lr = cfg.get("name", "adamw"), peak_lr(cfg)
-    kernels = {"fused": True} if fused else {"foreach": True}
+    kind, _ = kernel_choice(model.parameters(), fused, why_not)
+    kernels = {kind: True}
+    fused = kind == "fused"
     if name == "adamw":
         return torch.optim.AdamW(param_groups(model, cfg), lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kernels)
     if name == "sgd":

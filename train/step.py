@@ -108,11 +108,12 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
         with strategy.accumulation(micro == accum - 1), timer.synchronised(micro == accum - 1):
             with strategy.autocast():
                 logits = logits_of(model(inputs, **forward_kwargs(extra)))
-            flat_logits, flat_targets = logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
-            if z_loss is None:
-                loss = cross_entropy(flat_logits, flat_targets)
+            flat_targets = targets.reshape(-1)
+            if z_loss is None:  # upcast inside, in chunks for a large vocabulary (train/loss.py)
+                loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), flat_targets)
                 total = loss
             else:
+                flat_logits = logits.float().reshape(-1, logits.shape[-1])
                 loss, z = z_loss.losses(flat_logits, flat_targets, IGNORE_INDEX)
                 total = loss + z
                 z_sum += z.detach()  # type: ignore[operator]

@@ -184,8 +184,14 @@ class StrategyConfig:
     offload_params: bool = False
     # Across strategies: recompute each transformer block's activations in backward; torch.compile each block.
     activation_checkpointing: bool = False
-    # torch.compile each transformer block.
+    # torch.compile each transformer block (or the whole model: strategy.compile_unit).
     compile: bool = False
+    # What strategy.compile compiles: blocks (each on its own, every strategy) or model (one graph across the blocks
+    # and the head: strategy=single or ddp). contract/rules/compile_modes.py.
+    compile_unit: str = "blocks"
+    # CUDA graphs (torch.compile's reduce-overhead mode) over the compiled code: one launch replays a region's
+    # kernels. Needs strategy.compile, GPUs and a static step (single or ddp, no document mask); refused elsewhere.
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -214,6 +220,10 @@ class PrecisionConfig:
     name: str = MISSING
     # Dtype of the autocast region; fp32 means no autocast.
     compute_dtype: str = "float32"  # float32 | bfloat16 | float16
+    # precision=fp8 (torchao float8 training, contract/rules/float8.py): how casts to float8 are scaled, tensorwise
+    # (one scale a tensor; FSDP2 all-gathers the weights in float8) or rowwise (a scale per row: more accurate,
+    # communication in bf16).
+    float8_recipe: str = "tensorwise"
 
 
 @dataclass
@@ -251,3 +261,7 @@ class TrainerConfig:
     prefetch_steps: int = num(2, 0, 64)
     # A progress bar on rank 0's standard error when it is a terminal.
     progress_bar: bool = True
+    # Python's garbage collector during training (train/gc_control.py, as torchtitan does): what set-up made is frozen,
+    # automatic collection is off and a young-generation collection runs every this many steps, so that no rank stalls
+    # at a random step for a full collection. 0: Python's automatic collection.
+    gc_every: int = num(50, 0)

@@ -34,6 +34,8 @@ CHOICES = {
     "optim.decay_shape": DECAY_SHAPES,
     "logger.mode": ("offline", "online", "disabled"),
     "precision.compute_dtype": ("float32", "bfloat16", "float16"),
+    "precision.float8_recipe": ("tensorwise", "rowwise"),
+    "strategy.compile_unit": ("blocks", "model"),
     "checkpoint.verify": ("size", "full"),
     "local.backend": (None, "gloo", "nccl"),
     "parallel.pp_schedule": ("1f1b", "interleaved_1f1b"),
@@ -224,7 +226,7 @@ def check_choices(cfg: DictConfig, tree: dict[str, Any] | None = None) -> None:
     if cfg.get("cluster") is not None and cfg.cluster.backend not in ("nccl", "gloo"):
         raise ConfigError(f"cluster.backend={cfg.cluster.backend} is not one of nccl, gloo: set cluster.backend=nccl "
                           "(GPUs) or gloo (CPUs)")
-    names = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+    names = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
     p = cfg.precision
     if names.get(p.name, p.compute_dtype) != p.compute_dtype:
         raise ConfigError(f"precision.name={p.name} with precision.compute_dtype={p.compute_dtype} disagree: choose "

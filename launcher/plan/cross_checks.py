@@ -11,13 +11,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from contract.errors import ConfigError
+from contract.rules.compile_modes import compile_refusal
 from contract.rules.hf_config import HF_TARGET, apply_hf_config
 from contract.rules.hf_export import refuse_unexportable
 from launcher.checks.overrides import typed_for
 from launcher.plan.parallel import (
     MIN_MICRO_PER_STAGE,
 )
-from launcher.plan.world import has_gpus
+from launcher.plan.world import has_gpus, ranks_on_gpus
 
 
 def count_parameters(m: Any) -> int:
@@ -60,6 +61,24 @@ def _check_model(cfg: DictConfig) -> None:
         )
 
 
+def _check_precision(cfg: DictConfig) -> None:
+    """precision=fp8: a model and strategy it converts, and GPUs with float8 tensor cores: the cluster's gpu_type
+    (a dry run for an H100 cluster plans anywhere), else this machine's (contract/rules/float8.py)."""
+    from contract.rules import float8
+
+    if not float8.enabled(cfg.precision):
+        return
+    refusal = float8.config_refusal(cfg)
+    if refusal is None and cfg.cluster is not None:
+        refusal = float8.gpu_refusal(cfg.cluster.get("gpu_type"), None, f"cluster {cfg.cluster.name}")
+    elif refusal is None:
+        from launcher.plan.world import local_gpu_capability
+
+        refusal = float8.gpu_refusal(None, local_gpu_capability(), "this machine")
+    if refusal:
+        raise ConfigError(refusal)
+
+
 def _check_strategy(cfg: DictConfig, world: int) -> None:
     from contract.rules.optimizers import strategy_refusal
     from contract.rules.strategy_names import REGISTRY
@@ -81,6 +100,9 @@ def _check_strategy(cfg: DictConfig, world: int) -> None:
     optim_refusal = strategy_refusal(cfg.optim.name, s)
     if optim_refusal:
         raise ConfigError(optim_refusal)
+    compile_reason = compile_refusal(cfg, ranks_on_gpus(cfg)) if s.compile or s.cuda_graphs or s.compile_unit != "blocks" else None
+    if compile_reason:
+        raise ConfigError(compile_reason)
     if s.name == "hsdp" and s.replicate_degree and world % s.replicate_degree:
         raise ConfigError(f"strategy.replicate_degree={s.replicate_degree} does not divide the world size "
                           f"{world}: pick a divisor of {world}")

@@ -10,7 +10,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from contract.rules import float8
 from contract.rules.flops import flops_per_token
+from contract.rules.loss_chunks import loss_bytes
 from contract.rules.optimizers import state_bytes
 
 GB = 1024**3
@@ -18,7 +20,8 @@ FP32 = 4
 
 
 def dtype_bytes(precision_name: str) -> int:
-    return 2 if precision_name in ("bf16", "fp16") else 4
+    """Bytes of the compute dtype: fp8's is bf16 (autocast), float8 only inside its linear layers."""
+    return 2 if precision_name in ("bf16", "fp16", "fp8") else 4
 
 
 @dataclass(frozen=True)
@@ -238,10 +241,18 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
             activations = tokens * (m.n_layers * per_block + head_activation_bytes(m))
         activations *= shape.activation_share
     if shape.vocab_size:
-        # The logits (compute dtype), their fp32 copy for the loss and its gradient.
-        temporary += tokens * shape.vocab_size * (compute_bytes + 2 * FP32)
+        # The logits (compute dtype), and their fp32 copy for the loss and its gradient, or chunked for a large
+        # vocabulary (contract/rules/loss_chunks.py).
+        temporary += loss_bytes(tokens, shape.vocab_size, compute_bytes)
     if compute_bytes != FP32 and s.backend != "deepspeed":
-        temporary += compute_bytes * p / n if lay.kind != "replicated" else compute_bytes * p  # autocast's weight copies
+        copies = compute_bytes * p
+        if m is not None and float8.enabled(cfg.precision):  # the converted weights are cast to float8 instead
+            copies -= (compute_bytes - 1) * m.n_layers * float8.float8_params_per_block(m)
+        temporary += copies / n if lay.kind != "replicated" else copies  # autocast's (and float8's) weight copies
+        if m is not None and lay.kind in ("fsdp", "fsdp_grad_op") and float8.fp8_all_gather(cfg):
+            # FSDP2 all-gathers the converted weights in float8 (1 byte) instead of fp32 (4)
+            blocks_gathered = 2 if lay.kind == "fsdp" else shape.n_blocks
+            temporary -= (lay.weight_bytes - 1) * blocks_gathered * float8.float8_params_per_block(m) * (1 - 1 / n)
     subtotal = params + grads + optimizer + activations + temporary
     return MemoryEstimate(params, grads, optimizer, activations, temporary,
                           margin_bytes + fragmentation * subtotal, host, shape.activations_known)

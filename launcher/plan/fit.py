@@ -19,6 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from contract.config.schema import StrategyConfig
 from contract.errors import ConfigError
+from contract.rules import float8
+from contract.rules.compile_modes import compile_refusal
 from contract.rules.optimizers import strategy_refusal
 from launcher.plan.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
 from launcher.plan.parallel import COMPOSABLE
@@ -107,7 +109,7 @@ def strategy_node(name: str, base: Any) -> Any:
     strategy, _, ac = name.partition("+")
     node: Any = OmegaConf.merge(OmegaConf.structured(StrategyConfig),
                                 OmegaConf.load(CONF_DIR / "strategy" / f"{strategy}.yaml"))
-    for key in ("bucket_cap_mb", "gradient_as_bucket_view", "compile"):
+    for key in ("bucket_cap_mb", "gradient_as_bucket_view", "compile", "compile_unit", "cuda_graphs"):
         node[key] = base[key]
     node.activation_checkpointing = bool(ac) or bool(base.activation_checkpointing)
     return node
@@ -116,7 +118,13 @@ def strategy_node(name: str, base: Any) -> Any:
 def unavailable(name: str, cfg: DictConfig, has_gpus: bool) -> str | None:
     if strategy_refusal(cfg.optim.name, strategy_node(name, cfg.strategy)):
         return f"can't step optim={cfg.optim.name}"
+    if cfg.strategy.compile_unit == "model" or cfg.strategy.cuda_graphs:
+        reason = compile_refusal(with_strategy(cfg, name), has_gpus)
+        if reason:
+            return reason.split(":")[0]
     if name.startswith("zero"):
+        if float8.enabled(cfg.precision):
+            return "DeepSpeed does not run precision=fp8"
         if importlib.util.find_spec("deepspeed") is None:
             return "deepspeed is not installed"
         if cfg.precision.name == "fp16" and not has_gpus:
@@ -265,7 +273,7 @@ class Budget:
         text = f"compute: {self.flops_per_token / 1e9:.3g} GFLOP per token"
         if self.step_s is None:
             return text + " (no peak TFLOP/s known: set telemetry.peak_tflops for a time estimate)"
-        text += (f", about {self.step_s:.3g} s per step at {self.mfu:.0%} MFU of {self.peak_tflops:g} TFLOP/s, "
+        text += (f", about {self.step_s:.3g} s per step at {self.mfu:.0%} MFU of {self.peak_tflops:.4g} TFLOP/s, "
                  f"{self.wall_h:.3g} h to the last step")
         if self.gpu_hours is not None:
             text += f", {self.gpu_hours:,.1f} GPU-hours"
@@ -279,7 +287,8 @@ class Budget:
 def budget(cfg: DictConfig, world: int, tokens_per_step: int, gpus: int, shape: ModelShape) -> Budget:
     fpt = shape.flops_per_token(cfg.data.seq_len)
     c = cfg.cluster
-    peak = c.peak_tflops.get(cfg.precision.name) if c is not None else cfg.telemetry.peak_tflops
+    peak = (float8.peak_tflops(cfg.precision.name, dict(c.peak_tflops), shape.config, cfg.data.seq_len)
+            if c is not None else cfg.telemetry.peak_tflops)
     mfu = float(c.assumed_mfu) if c is not None else 0.4
     if not peak:
         return Budget(fpt, None, None, None, None, None, None, None)

@@ -16,8 +16,10 @@ from contract.errors import ConfigError
 from contract.rules.eval_jobs import check_eval_jobs
 from contract.rules.eval_sets import check_eval
 from contract.rules.eval_sets import plan_line as eval_plan_line
+from contract.rules.float8 import plan_line as float8_line
 from contract.rules.hf_export import export_warning
 from contract.rules.keep_best import check_keep_best
+from contract.rules.loss_chunks import plan_line as loss_line
 from contract.rules.optimizers import check_optim, plan_line
 from contract.rules.stability_checks import check_stability
 from launcher.checks.cluster_checks import validate_cluster
@@ -26,6 +28,7 @@ from launcher.checks.input_checks import check_inputs
 from launcher.checks.key_checks import check_keys
 from launcher.plan.cross_checks import (
     _check_model,
+    _check_precision,
     _check_ranges,
     _check_strategy,
     _resolve_accumulation,
@@ -88,6 +91,9 @@ class Plan:
     length_line: str = ""
     # The optimizer, what weight decay skips and its state per parameter (contract/rules/optimizers.py).
     optim_line: str = ""
+    # How a step computes where that is not the obvious: precision=fp8 (contract/rules/float8.py), a chunked loss
+    # (contract/rules/loss_chunks.py).
+    step_lines: tuple[str, ...] = ()
 
     @property
     def gpu_hours(self) -> float:
@@ -125,6 +131,7 @@ class Plan:
             lines.append(f"  {self.fit.line()}")
         if self.length_line:
             lines.append(f"  {self.length_line}")
+        lines += [f"  {line}" for line in self.step_lines]
         if self.optim_line:
             lines.append(f"  {self.optim_line}")
         if self.lr:
@@ -154,6 +161,8 @@ class Plan:
             out["strategy_reasons"] = self.fit.strategy_reasons
         if self.budget is not None:
             out["budget"] = asdict(self.budget)
+        if self.step_lines:
+            out["step"] = list(self.step_lines)
         if self.data_lines:
             out["data"] = list(self.data_lines)
         if self.weights_lines:
@@ -187,6 +196,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     normalize_init_from(cfg)  # before the probe and the run name, which read it
     shape_lines = settle_shape(cfg)  # model.init_from's shape, before anything reads the model's keys
     _check_model(cfg)
+    _check_precision(cfg)
     check_inputs(cfg)
     check_eval(cfg)
     check_keep_best(cfg)
@@ -269,8 +279,16 @@ def make_plan(cfg: DictConfig) -> Plan:
         max_steps=length.steps,
         optim_line=plan_line(cfg.optim, None if shape is None else shape.optimizer_bytes_per_param(cfg.optim)),
         length_line=length.line,
+        step_lines=_step_lines(cfg, shape, seq_len),
         **_reservation(cfg),
     )
+
+
+def _step_lines(cfg: DictConfig, shape: ModelShape | None, seq_len: int) -> tuple[str, ...]:
+    lines = [float8_line(cfg)]
+    if shape is not None and shape.vocab_size:
+        lines.append(loss_line(int(cfg.trainer.micro_batch_size) * seq_len, int(shape.vocab_size)))
+    return tuple(line for line in lines if line)
 
 
 def _deferred(cfg: DictConfig, check: Any, *args: Any, **kwargs: Any) -> str:

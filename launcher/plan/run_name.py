@@ -31,6 +31,8 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  # Resuming on changed data is a launch-time permission, not a setting of what is trained.
                  "data.allow_changed",
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every", "trainer.prefetch_steps",
+                 # When Python collects garbage: host timing only.
+                 "trainer.gc_every",
                  # Derived from the global batch and the world size: a run may resume on another world size.
                  "trainer.grad_accum_steps", "optim.scaled_lr")
 
@@ -46,7 +48,8 @@ NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference
                     "model.norm_eps": 1e-5, "model._target_": None, "model.args": {}, "model.block": None, "model.config_path": None,
                     "model.init_from": None,
                     "data._target_": None, "data.args": {}, "data.sources": {}, "data.sft_layout": "packed",
-                    "data.document_mask": False}
+                    "data.document_mask": False, "precision.float8_recipe": "tensorwise",
+                    "strategy.compile_unit": "blocks", "strategy.cuda_graphs": False}
 
 
 def hashed(key: str) -> bool:

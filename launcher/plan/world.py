@@ -25,6 +25,23 @@ def local_gpu_count() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
+def local_gpu_capability() -> tuple[int, int] | None:
+    """The lowest compute capability of this machine's GPUs (nvidia-smi), None where it has none or can't say."""
+    if local_gpu_count() == 0 or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = []
+    for line in out.stdout.split():
+        major, _, minor = line.strip().partition(".")
+        if major.isdigit() and minor.isdigit():
+            found.append((int(major), int(minor)))
+    return min(found) if found else None
+
+
 def has_gpus(cfg: DictConfig) -> bool:
     if cfg.cluster is not None:
         return int(cfg.cluster.gpus_per_node) > 0

@@ -112,3 +112,14 @@ def test_activation_checkpointing_and_compile_keep_the_losses(tmp_path: Path) ->
     losses = _spawn(tmp_path, 2, runs)
     assert losses["ac"] == losses["plain"]
     assert losses["compiled"][3] == pytest.approx(losses["plain"][3], rel=1e-4)
+
+
+def test_the_whole_model_compiled_keeps_the_losses(tmp_path: Path) -> None:
+    """strategy.compile_unit=model: one graph across the blocks and the head (under DDP, split at its buckets) trains
+    to the eager losses. One process: inductor on CPU costs about 30 s of CPU for this model."""
+    runs = {"eager": ["strategy=ddp", "trainer.max_steps=3"],
+            "whole": ["strategy=ddp", "trainer.max_steps=3", "strategy.compile=true", "strategy.compile_unit=model"]}
+    losses = _spawn(tmp_path, 1, runs)
+    assert sorted(losses["whole"]) == [1, 2, 3]
+    for step, loss in losses["eager"].items():
+        assert losses["whole"][step] == pytest.approx(loss, rel=1e-4), step

@@ -129,6 +129,20 @@ CASES = [
     Case("free-form-key", (*BYO, "model=conv_lm", "model.args.width=3"), "add it with +model.args.width=3"),
     Case("lr-infinite", ("optim.lr=inf",), "optim.lr=inf is out of range: set optim.lr to a finite value above 0"),
     Case("precision-name", ("precision.name=bf16",), "choose the group, precision=bf16"),
+    # precision=fp8 (issue 35 acceptance 3): refused without float8 tensor cores, before anything is created.
+    Case("fp8-no-gpu", ("precision=fp8",), "precision=fp8 needs an NVIDIA GPU of compute capability 9.0 or newer "
+         "(H100, H200, B200), and this machine has none", env={"CUDA_VISIBLE_DEVICES": ""}),
+    Case("fp8-cluster-gpu", ("+cluster=a100x16", "precision=fp8"), "and cluster a100x16 has a100_80gb: run on Hopper "
+         "or newer (+cluster=h100x8), or use precision=bf16"),
+    # strategy.compile's unit and CUDA graphs (issue 35 item 3): refused where they can't be honoured, saying why.
+    Case("cuda-graphs-cpu", ("strategy.compile=true", "strategy.cuda_graphs=true"), "strategy.cuda_graphs=true needs "
+         "the ranks on NVIDIA GPUs, and these run on CPUs: drop it"),
+    Case("cuda-graphs-fsdp", ("+cluster=h100x8", "strategy=fsdp", "strategy.compile=true", "strategy.cuda_graphs=true"),
+         "FSDP2 all-gathers each block's parameters into fresh memory every step"),
+    Case("compile-model-fsdp", ("strategy=fsdp", "strategy.compile=true", "strategy.compile_unit=model"),
+         "strategy.compile_unit=model compiles the model as one graph, and strategy=fsdp wraps or splits it"),
+    Case("fp8-odd-dims", ("+cluster=h100x8", "precision=fp8", "model.d_model=72"), "precision=fp8 needs every "
+         "dimension of the blocks' linear layers divisible by 16"),
     Case("local-nccl", ("local.backend=nccl",), "local.backend=nccl needs GPUs and this machine has none"),
     Case("tilde-path", ("data=tokens", "data.path=~/x.bin"), "quote a path that starts with ~"),
     Case("cluster-key-alone", ("cluster.nodes=2",), "add +cluster=NAME (or +profile=default) before its keys"),

@@ -78,15 +78,16 @@ def test_gpu_and_ddp_loop_figures_become_rows_with_their_targets() -> None:
               "ddp_2_ranks": {"tiny": {"world_size": 2, "ratio": 1.12, "target_ratio": 1.1, "target_met": False,
                                        "step_ms_ours": 39.0, "step_ms_bare": 34.8}},
               "gpu": {"device": "NVIDIA H100 80GB HBM3", "peak_bf16_tflops": 989.4,
-                      "gpt2_124m": {"ratio": 0.985, "target_ratio": 0.97, "target_met": True,
-                                    "tokens_per_s_ours": 98500.0, "tokens_per_s_bare": 100000.0,
-                                    "mfu_ours": 0.4, "mfu_bare": 0.406}}}
+                      "gpt2_124m mb8": {"ratio": 0.985, "target_ratio": 0.97, "target_met": True,
+                                        "tokens_per_s_ours": 98500.0, "tokens_per_s_bare": 100000.0,
+                                        "mfu_ours": 0.4, "mfu_bare": 0.406, "syncs_per_steady_step": 0.0},
+                      "fp8_speedup": {"value": 1.3, "target": 1.25}}}
     rows = {r["figure"]: r for r in figures(result)}
     ddp = rows["loop overhead, tiny, ddp on 2 ranks"]
     assert ddp["value"] == 1.12 and ddp["met"] is False and ddp["target"] == "<= 1.1x"
-    gpu = rows["GPU tokens/s, gpt2_124m bf16 compiled (NVIDIA H100 80GB HBM3)"]
+    gpu = rows["GPU tokens/s, gpt2_124m mb8 compiled (NVIDIA H100 80GB HBM3)"]
     assert gpu["value"] == 0.985 and gpu["met"] is True and gpu["target"] == ">= 0.97"
-    assert "MFU 40.0% vs 40.6%" in gpu["detail"]
+    assert "MFU 40.0% vs 40.6%; 0 syncs per steady step" in gpu["detail"]
     assert not any(r.get("skipped") for r in rows.values())  # nothing reported as skipped once measured
 
 

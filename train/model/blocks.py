@@ -90,10 +90,10 @@ def find_blocks(model: nn.Module, block: str | None, needed_for: str | None = "s
 
 def blocks_for(model: nn.Module, model_cfg: object, strategy_cfg: object) -> list[tuple[str, nn.Module]]:
     """The blocks this strategy config works with; BlockError when it needs blocks the model does not have."""
-    from train.strategies import needs_blocks
+    from train.strategies import compiles_blocks, needs_blocks
 
     named = find_blocks(model, getattr(model_cfg, "block", None), needs_blocks(strategy_cfg))
-    wants_blocks = getattr(strategy_cfg, "activation_checkpointing", False) or getattr(strategy_cfg, "compile", False)
+    wants_blocks = getattr(strategy_cfg, "activation_checkpointing", False) or compiles_blocks(strategy_cfg)
     if wants_blocks and not named:
         raise BlockError("activation checkpointing and compile work per block, and model.block=none says there are "
                          "none: name the block class with model.block=ClassName, or drop them")
@@ -119,7 +119,12 @@ def prepare_blocks(model: nn.Module, model_cfg: object, strategy_cfg: object) ->
             _replace(model, name, new)
             wrapped.append((name, new))
         named = wrapped
-    if getattr(strategy_cfg, "compile", False):
+    from train.strategies import compiles_blocks
+
+    if compiles_blocks(strategy_cfg):
+        from contract.rules.compile_modes import compile_mode
+
+        mode = compile_mode(strategy_cfg)
         for _, block in named:
-            block.compile()
+            block.compile(**({"mode": mode} if mode else {}))
     return [block for _, block in named]

@@ -53,9 +53,17 @@ def slow_rank_delay(rank: int, environ: dict[str, str] | None = None) -> float:
 
 # -- pure arithmetic (unit-tested) -------------------------------------------------------------------------------
 def peak_tflops(cfg: Any) -> float | None:
-    """Dense peak TFLOP/s of one device for the run's precision: the cluster's, else telemetry.peak_tflops."""
-    if cfg.cluster is not None and cfg.precision.name in cfg.cluster.peak_tflops:
-        return float(cfg.cluster.peak_tflops[cfg.precision.name])
+    """Dense peak TFLOP/s of one device for the run's precision: the cluster's, else telemetry.peak_tflops. fp8: the
+    mix of the cluster's fp8 and bf16 peaks the model's FLOPs run at (contract/rules/float8.py), as the plan counts."""
+    if cfg.cluster is not None:
+        from contract.rules.float8 import enabled
+        from contract.rules.float8 import peak_tflops as precision_peak
+
+        fp8 = enabled(cfg.precision)
+        peak = precision_peak(cfg.precision.name, dict(cfg.cluster.peak_tflops), cfg.model if fp8 else None,
+                              int(cfg.data.seq_len) if fp8 else 0)
+        if peak is not None:
+            return float(peak)
     return None if cfg.telemetry.peak_tflops is None else float(cfg.telemetry.peak_tflops)
 
 

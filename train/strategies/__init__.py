@@ -27,11 +27,16 @@ def needs_blocks(strategy_cfg: Any) -> str | None:
     """Why this strategy config needs the model's repeated blocks, or None when it can train a model without."""
     if getattr(strategy_cfg, "activation_checkpointing", False):
         return "strategy.activation_checkpointing=true recomputes per block"
-    if getattr(strategy_cfg, "compile", False):
+    if compiles_blocks(strategy_cfg):
         return "strategy.compile=true compiles per block"
     if getattr(strategy_cfg, "name", None) in PER_BLOCK:
         return f"strategy={strategy_cfg.name} shards per block"
     return None
+
+
+def compiles_blocks(strategy_cfg: Any) -> bool:
+    """strategy.compile with strategy.compile_unit=blocks (a config.yaml from before the key: blocks)."""
+    return bool(getattr(strategy_cfg, "compile", False)) and getattr(strategy_cfg, "compile_unit", "blocks") == "blocks"
 
 
 def strategy_class(name: str) -> type[Strategy]:
@@ -45,4 +50,4 @@ def build_strategy(cfg: Any, env: Any, device: Any) -> Strategy:
     return strategy_class(cfg.strategy.name)(cfg, env, device)
 
 
-__all__ = ["PER_BLOCK", "REGISTRY", "build_strategy", "needs_blocks", "strategy_class"]
+__all__ = ["PER_BLOCK", "REGISTRY", "build_strategy", "compiles_blocks", "needs_blocks", "strategy_class"]

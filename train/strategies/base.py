@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from contract.errors import ConfigError
+from contract.rules import float8
 from train.model.blocks import blocks_for, prepare_blocks
-from train.optim import build_optimizer, build_scheduler
+from train.optim import build_optimizer, build_scheduler, kernel_choice
 from train.stability.verdict import apply_with_skip
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,6 +58,8 @@ class Strategy:
         self.grad_clip = float(cfg.optim.grad_clip)
         # False after setup(train=False): forward only (an evaluation job), no optimizer and no gradient buffers.
         self.trains = True
+        # precision=fp8 under FSDP2 with tensorwise scaling: weights all-gathered in float8 (train/model/float8.py).
+        self.float8_all_gather = False
 
     # -- set-up --------------------------------------------------------------------------------------------
     @classmethod
@@ -87,6 +90,17 @@ class Strategy:
 
         self.trains = train
         self.check_model(model)
+        if float8.enabled(self.cfg.precision):  # before compile and wrapping (torchtitan's order)
+            from train.model.float8 import convert
+
+            converted = convert(model, self.cfg, self.device)
+            self.float8_all_gather = float8.fp8_all_gather(self.cfg)
+            if getattr(self.env, "is_main", False):
+                from train.observe.metrics import log
+
+                log.info("precision fp8: %d linear layers in float8 (%s scaling%s)", converted,
+                         self.cfg.precision.float8_recipe,
+                         ", all-gathered in float8 by FSDP2" if self.float8_all_gather else "")
         if model_parallel(self.cfg):
             from train.strategies.pipeline import rank_layers
             from train.strategies.tensor_parallel import apply_tensor_parallel
@@ -113,6 +127,7 @@ class Strategy:
 
             self.parts = chunks(model, self.layout, self.virtual_stages)
         model = self.wrap(model.to(self.device))
+        self.compile_whole(model)
         self.model = model
         if train:
             self._build_optimizer(model)
@@ -122,11 +137,29 @@ class Strategy:
             self.pipeline = Pipeline(self, self.parts if self.virtual_stages > 1 else [model])
         return model
 
+    def compile_whole(self, model: nn.Module) -> None:
+        """strategy.compile_unit=model: the wrapped model compiled in place, as one graph (names unchanged, so
+        checkpoints are the same); strategy.cuda_graphs: in reduce-overhead mode. The launch refused what can't
+        take it (contract/rules/compile_modes.py); the ranks check it again, and the device."""
+        from contract.rules.compile_modes import compile_mode, compile_refusal
+
+        s = self.cfg.strategy
+        if not (s.get("compile") or s.get("cuda_graphs")):
+            return
+        reason = compile_refusal(self.cfg, self.device.type == "cuda")
+        if reason:
+            raise ConfigError(reason)
+        if s.get("compile_unit", "blocks") == "model":
+            mode = compile_mode(s)
+            model.compile(**({"mode": mode} if mode else {}))
+
     def _build_optimizer(self, model: nn.Module) -> None:
         # fp16: GradScaler steps the optimizer and skips overflowing steps itself; torch's fused AdamW can't take its
         # found_inf (shape [1] against the step counts' []), so foreach kernels, as before the stability checks.
-        self.optimizer = build_optimizer(model, self.cfg.optim, fused=self.compute_dtype != torch.float16,
-                                         blocks=self.blocks)
+        fp16 = self.compute_dtype == torch.float16
+        why_not = "fp16's GradScaler skips steps itself" if fp16 else ""
+        self.optimizer = build_optimizer(model, self.cfg.optim, fused=not fp16, blocks=self.blocks, why_not=why_not)
+        self.log_kernels(model, self.optimizer, not fp16, why_not)
         init_optimizer_state(self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.trainer.max_steps)
         if self.compute_dtype == torch.float16:
@@ -136,6 +169,23 @@ class Strategy:
         """This rank's share of full-sequence [batch, seq] tensors (inputs, targets): all of them, or with
         parallel.cp its head and tail chunks."""
         return tensors if self.context is None else tuple(self.context.local(x) for x in tensors)
+
+    def log_kernels(self, model: nn.Module, optimizer: torch.optim.Optimizer, fused: bool, why_not: str) -> None:
+        """Rank 0 says once which kernels step the optimizer and why (train/optim.py kernel_choice)."""
+        from train.observe.metrics import log
+
+        if not getattr(self.env, "is_main", False):
+            return
+        name = self.cfg.optim.get("name", "adamw")
+        actual = ("fused" if optimizer.defaults.get("fused") else "foreach" if optimizer.defaults.get("foreach")
+                  else None)
+        if actual is None:
+            log.info("optimizer: %s with its own step (no fused or foreach kernels)", name)
+            return
+        kind, reason = kernel_choice(model.parameters(), fused, why_not)
+        if actual != kind:
+            reason = f"{name} has no fused kernel for these parameters"
+        log.info("optimizer: %s with %s kernels (%s)", name, actual, reason)
 
     # -- one optimizer step --------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -187,6 +237,10 @@ class Strategy:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.float8_all_gather:
+            from train.model.float8 import precompute_scales
+
+            precompute_scales(self.model)
         return norm
 
     def replica_set(self) -> tuple[tuple[int, ...], list[tuple[str, torch.Tensor]]]:

@@ -173,7 +173,10 @@ class DeepSpeedStrategy(Strategy):
         if refusal:  # the launch refused it already; a config.yaml edited by hand gets it here
             raise ConfigError(refusal)
         if not self.cfg.strategy.offload_optimizer:
-            return build_optimizer(model, o, fused=False)  # the wrapper steps it; it can't skip a step
+            why_not = "DeepSpeed's wrapper steps it and can't pass the skip verdict"
+            optimizer = build_optimizer(model, o, fused=False, why_not=why_not)
+            self.log_kernels(model, optimizer, False, why_not)
+            return optimizer
         # ZeRO-Offload refuses other optimizers (zero_force_ds_cpu_optimizer). Its C++ op is built with ninja
         # on first use (about a minute) and cached in ~/.cache/torch_extensions (TORCH_EXTENSIONS_DIR).
         from deepspeed.ops.adam import DeepSpeedCPUAdam

@@ -97,7 +97,7 @@ class Pipeline:
 
     @staticmethod
     def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """One optimizer step's forward and backward over every micro batch; a loss whose world mean is the

@@ -1,0 +1,135 @@
+"""precision=fp8: what it needs and what it changes, computed alike by the launch plan and the ranks.
+
+torchao's float8 training (Float8Linear) runs the linear layers of our transformer's blocks in float8: the q, k, v
+and output projections and the MLP's. The output layer (vocabulary) stays in bf16, as torchtitan leaves it:
+its logits feed the loss directly and it is where float8's rounding hurts most. Everything else runs in bf16
+autocast; master weights and optimizer state stay fp32. A tensorwise recipe lets FSDP2 all-gather the weights
+already cast to float8 (1 byte a parameter instead of fp32's 4); rowwise scales each row on its own (more
+accurate, communication in high precision).
+
+float8 matrix multiplies need an NVIDIA GPU of compute capability 9.0 or newer (Hopper, Blackwell) and every
+dimension of a converted layer divisible by 16. Pure functions; no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RECIPES = ("tensorwise", "rowwise")
+MIN_CAPABILITY = (9, 0)
+# cluster.gpu_type prefixes of GPUs with float8 tensor cores of compute capability 9.0 or newer.
+FP8_GPU_TYPES = ("h100", "h200", "h800", "h20", "gh200", "b100", "b200", "gb200", "b300", "gb300")
+DIM_MULTIPLE = 16
+WANTED = "precision=bf16"
+
+
+def enabled(precision: Any) -> bool:
+    return str(getattr(precision, "name", precision)) == "fp8"
+
+
+def linear_shapes(m: Any) -> dict[str, tuple[int, int]]:
+    """The (in, out) features of each linear layer of one block that float8 converts, by its name in the block."""
+    d, heads = int(m.d_model), int(m.n_heads)
+    head_dim = d // heads
+    q, kv = heads * head_dim, int(m.n_kv_heads or heads) * head_dim
+    shapes = {"attn.q": (d, q), "attn.k": (d, kv), "attn.v": (d, kv), "attn.out": (q, d),
+              "mlp.up": (d, int(m.ffn_hidden)), "mlp.down": (int(m.ffn_hidden), d)}
+    if m.mlp == "swiglu":
+        shapes["mlp.gate"] = (d, int(m.ffn_hidden))
+    return shapes
+
+
+def float8_params_per_block(m: Any) -> int:
+    """Parameters of one block that run in float8 (the weights of its converted linear layers)."""
+    return sum(i * o for i, o in linear_shapes(m).values())
+
+
+def config_refusal(cfg: Any) -> str | None:
+    """Why this config can't train in fp8 (one line naming the fix), or None. The GPU is checked apart
+    (gpu_refusal): a dry run for an H100 cluster plans on a laptop."""
+    m, s = cfg.model, cfg.strategy
+    recipe = str(cfg.precision.get("float8_recipe", "tensorwise"))
+    if recipe not in RECIPES:
+        return f"precision.float8_recipe={recipe} is not one of {', '.join(RECIPES)}"
+    if m.get("_target_") or m.get("config_path"):
+        return (f"precision=fp8 converts slurmtrain's own transformer's linear layers, and model={m.name} is another "
+                f"model: use {WANTED}")
+    odd = [f"{name} ({i} x {o})" for name, (i, o) in linear_shapes(m).items() if i % DIM_MULTIPLE or o % DIM_MULTIPLE]
+    if odd:
+        return (f"precision=fp8 needs every dimension of the blocks' linear layers divisible by {DIM_MULTIPLE} (float8 "
+                f"tensor cores), and model={m.name} has {', '.join(odd)}: change model.d_model/n_heads/ffn_hidden or "
+                f"use {WANTED}")
+    if s.get("backend") == "deepspeed":
+        return f"precision=fp8 is torchao's float8 training, which DeepSpeed does not run: use strategy=fsdp or {WANTED}"
+    if int(cfg.parallel.get("tp", 1)) > 1:
+        return f"precision=fp8 with tensor parallelism (parallel.tp={cfg.parallel.tp}) is not supported: set parallel.tp=1 or use {WANTED}"
+    return None
+
+
+def gpu_refusal(gpu_type: str | None, capability: tuple[int, int] | None, where: str) -> str | None:
+    """Why the GPUs `where` names can't run fp8, or None: `capability` (a local GPU's, from nvidia-smi or torch)
+    when known, else the cluster's gpu_type."""
+    fix = f"run on Hopper or newer (+cluster=h100x8), or use {WANTED}"
+    if capability is not None:
+        if tuple(capability) >= MIN_CAPABILITY:
+            return None
+        return (f"precision=fp8 needs an NVIDIA GPU of compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or "
+                f"newer (H100, H200, B200), and {where} has {capability[0]}.{capability[1]}: {fix}")
+    if gpu_type is None:
+        return (f"precision=fp8 needs an NVIDIA GPU of compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or "
+                f"newer (H100, H200, B200), and {where} has none: {fix}")
+    if not str(gpu_type).lower().startswith(FP8_GPU_TYPES):
+        return (f"precision=fp8 needs an NVIDIA GPU of compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or "
+                f"newer (H100, H200, B200), and {where} has {gpu_type}: {fix}")
+    return None
+
+
+def fp8_all_gather(cfg: Any) -> bool:
+    """Whether FSDP2 all-gathers the converted weights in float8 (a tensorwise recipe under FSDP or HSDP)."""
+    return (enabled(cfg.precision) and str(cfg.precision.get("float8_recipe", "tensorwise")) == "tensorwise"
+            and str(cfg.strategy.name) in ("fsdp", "fsdp_grad_op", "hsdp"))
+
+
+def float8_flops_per_token(m: Any) -> float:
+    """Training FLOPs per token that run in float8: 6 per converted weight (forward and both backward products)."""
+    return 6.0 * int(m.n_layers) * float8_params_per_block(m)
+
+
+def effective_peak(total_flops: float, float8_flops: float, peak_fp8: float, peak_bf16: float) -> float:
+    """The peak TFLOP/s a device reaches on this mix: float8's share at the float8 peak, the rest (attention, the
+    output layer) at bf16's. MFU against it is 100% only where every FLOP ran at its own peak."""
+    bf16_flops = max(0.0, total_flops - float8_flops)
+    return total_flops / (float8_flops / peak_fp8 + bf16_flops / peak_bf16)
+
+
+def peak_tflops(precision: str, peaks: dict[str, float], m: Any, seq_len: int) -> float | None:
+    """The dense peak TFLOP/s MFU counts against for `precision`, from peaks keyed by precision name (a cluster's
+    peak_tflops). fp8: the mix of the fp8 and bf16 peaks (effective_peak) for our transformer; the bf16 peak alone
+    when no fp8 peak is declared (torchtitan's convention) or the model is not ours."""
+    if not enabled(precision):
+        return peaks.get(precision)
+    bf16, fp8 = peaks.get("bf16"), peaks.get("fp8")
+    if bf16 is None or fp8 is None or m is None or m.get("_target_"):
+        return bf16
+    from contract.rules.flops import flops_per_token
+
+    return effective_peak(flops_per_token(m, seq_len), float8_flops_per_token(m), float(fp8), float(bf16))
+
+
+def plan_line(cfg: Any) -> str:
+    """The plan's line for precision=fp8 (empty otherwise): what runs in float8 and how it is scaled."""
+    if not enabled(cfg.precision):
+        return ""
+    m = cfg.model
+    share = float8_flops_per_token(m) / max(1.0, _total_flops(m, int(cfg.data.seq_len)))
+    recipe = str(cfg.precision.get("float8_recipe", "tensorwise"))
+    gather = ", all-gathered in float8 by FSDP2" if fp8_all_gather(cfg) else ""
+    return (f"precision fp8: each block's {len(linear_shapes(m))} linear layers in float8 via torchao ({recipe} "
+            f"scaling{gather}), {share:.0%} of the FLOPs; attention, the output layer and the rest in bf16; master "
+            "weights and optimizer state fp32; MFU counts each FLOP at its own peak")
+
+
+def _total_flops(m: Any, seq_len: int) -> float:
+    from contract.rules.flops import flops_per_token
+
+    return flops_per_token(m, seq_len)
