@@ -11,6 +11,7 @@ from torch import nn
 
 from contract.errors import ConfigError
 from train.model.blocks import blocks_for, prepare_blocks
+from train.model.moe import AuxLoss
 from train.optim import build_optimizer, build_scheduler
 from train.stability.verdict import apply_with_skip
 
@@ -135,6 +136,7 @@ class Strategy:
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
+            AuxLoss.loss_scale = self.scaler._scale  # a MoE layer's auxiliary losses are scaled alike
         loss.backward()
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
