@@ -1,6 +1,7 @@
 """The models a run trains.
 
     transformer.py   slurmtrain's decoder-only transformer (GPT-2 and Llama style)
+    moe.py           the mixture-of-experts feed-forward (model.moe): router, experts, auxiliary losses
     blocks.py        the repeated blocks of any model, found for FSDP, activation checkpointing and compile
     build.py         a model from its config (ours, a user's `_target_`, a Hugging Face config); logits of any
     hf.py            model=hf_causal_lm: a Hugging Face causal LM from a local config

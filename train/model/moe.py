@@ -74,10 +74,11 @@ class Experts(nn.Module):
         self.up = nn.Parameter(torch.empty(total, hidden, d))
         self.down = nn.Parameter(torch.empty(total, d, hidden))
 
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """`x`: rows grouped by expert, `counts[e]` rows for this module's expert e."""
+    def forward(self, x: torch.Tensor, counts: list[int], which: list[int] | None = None) -> torch.Tensor:
+        """`x`: rows in groups of `counts`, group i for this module's expert `which[i]` (default: expert i)."""
         outs = []
-        for e, rows in enumerate(x.split(counts)):
+        for i, rows in enumerate(x.split(counts)):
+            e = i if which is None else which[i]
             if self.gate is not None:
                 h = F.silu(rows @ self.gate[e].t()) * (rows @ self.up[e].t())
             else:

@@ -24,6 +24,8 @@ class DDPStrategy(Strategy):
         if self.dp_size == 1 or not self.trains:  # one replica, or forward only: no gradients to all-reduce
             return model
         s = self.cfg.strategy
+        if self.expert_parallel is not None:  # each rank holds other experts: reduced by expert_parallel.py
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, self.expert_parallel.names)
         return DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
