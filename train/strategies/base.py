@@ -12,9 +12,9 @@ from torch import nn
 from contract.errors import ConfigError
 from train.model.blocks import blocks_for, prepare_blocks
 from train.model.moe import AuxLoss
-from train.strategies.expert_parallel import apply_expert_parallel
 from train.optim import build_optimizer, build_scheduler
 from train.stability.verdict import apply_with_skip
+from train.strategies.expert_parallel import apply_expert_parallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
