@@ -74,7 +74,10 @@ def test_a_checkpoint_resumes_on_another_ep_and_world_size(two_ranks: dict[str, 
         assert moved[step] == pytest.approx(whole[step], rel=1e-5), step
 
 
-def test_moe_telemetry_is_in_metrics(two_ranks: dict[str, Path]) -> None:
+def test_moe_telemetry_is_in_metrics_status_and_report(two_ranks: dict[str, Path],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher import report, status
+
     row = read_metrics(two_ranks["ep2"])[-1]
     assert set(row["moe_load"]) == {"0", "1"} and all(len(v) == 4 for v in row["moe_load"].values())
     # Every routed token counted once: 16 sequences x 64 tokens x top 2 per layer and step.
@@ -82,6 +85,13 @@ def test_moe_telemetry_is_in_metrics(two_ranks: dict[str, Path]) -> None:
     assert row["moe_load_max_mean"] == max(row["moe_load_max_mean_by_layer"].values()) >= 1.0
     assert row["moe_dropped"] == 0.0  # dropless
     assert row["moe_aux_loss"] >= 1.0 - 1e-6 and row["moe_z_loss"] > 0
+    capsys.readouterr()
+    assert status.main([str(two_ranks["ep2"])]) == 0
+    worst = max(row["moe_load_max_mean_by_layer"], key=row["moe_load_max_mean_by_layer"].get)
+    assert (f"ep2: experts at step {STEPS}: load max/mean {row['moe_load_max_mean']:.2f} in layer {worst}"
+            in capsys.readouterr().out)
+    assert report.main([str(two_ranks["ep2"])]) == 0
+    assert (two_ranks["ep2"] / "moe_load.png").stat().st_size > 0
 
 
 def test_ep2_with_fsdp_on_4_ranks_trains_to_the_losses_of_ep1(tmp_path: Path) -> None:
