@@ -30,8 +30,9 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """On 2 ranks (DDP): ep=1 and ep=2 uninterrupted, and a run stopped at step 10 under ep=2, resumed under ep=1 and
-    stopped at 15, then resumed on 4 ranks under ep=2 (micro batches of 4: the same global batch)."""
+    """On 2 ranks (DDP): ep=1 and ep=2 uninterrupted, and a run (with activation checkpointing, which recomputes the
+    all-to-alls in backward) stopped at step 10 under ep=2, resumed under ep=1 and stopped at 15, then resumed on 4
+    ranks under ep=2 (micro batches of 4: the same global batch)."""
     root = tmp_path_factory.mktemp("moe")
     runs = {}
     for ep in (1, 2):
@@ -39,7 +40,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                      f"run.root={hq(root)}", f"run.name=ep{ep}")
         assert out.returncode == 0, out.stderr[-3000:]
         runs[f"ep{ep}"] = root / f"ep{ep}"
-    moved = [*COMMON, f"run.root={hq(root)}", "run.name=moved"]
+    moved = [*COMMON, "strategy.activation_checkpointing=true", f"run.root={hq(root)}", "run.name=moved"]
     first = launch(*moved, "local.nproc=2", "trainer.micro_batch_size=8", "parallel.ep=2",
                    SLURMTRAIN_TEST_SIGNAL="10:0")
     assert first.returncode == EXIT_STOPPED, first.stderr[-3000:]

@@ -25,7 +25,9 @@ class DDPStrategy(Strategy):
             return model
         s = self.cfg.strategy
         if self.expert_parallel is not None:  # each rank holds other experts: reduced by expert_parallel.py
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, self.expert_parallel.names)
+            # Under the names they have now (activation checkpointing's wrappers add a part to them).
+            names = [n for n, p in model.named_parameters() if self.expert_parallel.owns(p)]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         return DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
