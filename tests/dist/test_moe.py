@@ -95,14 +95,17 @@ def test_moe_telemetry_is_in_metrics_status_and_report(two_ranks: dict[str, Path
     assert (two_ranks["ep2"] / "moe_load.png").stat().st_size > 0
 
 
-def test_ep2_with_fsdp_on_4_ranks_trains_to_the_losses_of_ep1(tmp_path: Path) -> None:
+def test_ep2_with_fsdp_or_hsdp_on_4_ranks_trains_to_the_losses_of_ep1(tmp_path: Path) -> None:
     common = [*COMMON, "strategy=fsdp", "trainer.micro_batch_size=4"]
-    mp.spawn(train_several, args=(4, free_port(), str(tmp_path), {"ep1": common, "ep2": [*common, "parallel.ep=2"]}),
-             nprocs=4)
-    one, two = (torch.load(tmp_path / name / "losses_rank0.pt") for name in ("ep1", "ep2"))
-    assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
-    for step in one:
-        assert two[step] == pytest.approx(one[step], rel=1e-5), step
+    hsdp = [*COMMON, "strategy=hsdp", "strategy.replicate_degree=2", "trainer.micro_batch_size=4", "parallel.ep=2"]
+    runs = {"ep1": common, "ep2": [*common, "parallel.ep=2"], "hsdp_ep2": hsdp}
+    mp.spawn(train_several, args=(4, free_port(), str(tmp_path), runs), nprocs=4)
+    one, *others = (torch.load(tmp_path / name / "losses_rank0.pt") for name in runs)
+    assert sorted(one) == list(range(1, STEPS + 1))
+    for two in others:
+        assert sorted(two) == sorted(one)
+        for step in one:
+            assert two[step] == pytest.approx(one[step], rel=1e-5), step
 
 
 def test_the_load_balancing_loss_keeps_skewed_data_evenly_routed(tmp_path: Path) -> None:
