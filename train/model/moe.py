@@ -136,8 +136,9 @@ class MoE(nn.Module):
             out_rows = run_experts(self.experts, rows, counts, self.ep_group)
         out_rows = out_rows * gate_weights[order].unsqueeze(-1).to(out_rows.dtype)
         out = torch.zeros_like(flat, dtype=out_rows.dtype).index_add_(0, token_of[order], out_rows).to(x.dtype)
-        # Counted once per forward: not again when activation checkpointing recomputes it inside backward.
-        if self.training and torch._C._current_graph_task_id() == -1:
+        # Counted once per training forward: not again when activation checkpointing recomputes it inside backward,
+        # nor in a pipeline stage's shape inference (without gradients).
+        if self.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
             if self.stats is None:
                 self.stats = MoEStats(experts, x.device)
             self.stats.add(routed, (~keep).sum() if keep is not None else None, aux)
