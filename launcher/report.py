@@ -11,6 +11,8 @@ e.g. outputs/): a run root gets one figure of each kind overlaying every run bel
                                gradient norm; on the loss panel, each validation set's loss (in-loop or from
                                evaluation jobs) in the run's colour, dotted with circles, a dash pattern per set
     tokens_per_s.png           one line per run
+    moe_load.png               a mixture of experts: the expert load's max/mean in the most uneven layer per log
+                               interval (1: even), one line per run (train/observe/moe_stats.py)
     harness.png                with eval.harness.tasks: each task's scores against the step (error bars: their
                                stderr), one panel per task, each run's validation loss dotted on the right axis
                                (launcher/observe/harness_figure.py)
@@ -115,6 +117,10 @@ def write_report(path: Path, target: Target, title: str, rank_by: str | None = N
     written = [save(training_figure(target.runs, title, smoothing), path / "loss.png")]
     written += [save(line_figure(metric_series(target.runs, key), label, title), path / f"{key}.png")
                 for key, label in METRICS.items()]
+    experts = metric_series(target.runs, "moe_load_max_mean")
+    if experts:  # a mixture of experts: the most uneven layer's expert load (1: even; top_k of E experts: E / top_k)
+        written.append(save(line_figure(experts, "expert load max/mean (most uneven layer)", title),
+                            path / "moe_load.png"))
     from launcher.observe.harness_figure import harness_figure
 
     scores = harness_figure(target.runs, title)

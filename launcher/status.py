@@ -118,6 +118,7 @@ def snapshot(path: Path, target: Target, clock: bool = False, rank_by: str | Non
     notes += [Text(f"{row.name}: {row.ending}", style="red") for row in rows if row.ending]
     notes += [Text(f"{row.name}: {note}", style="red") for row in rows for note in row.corruption]
     notes += [Text(f"{row.name}: {note}", style="yellow") for row in rows for note in row.stability]
+    notes += [Text(f"{row.name}: {row.experts}") for row in rows if row.experts]
     notes += [Text(f"{row.name}: {eval_results.describe(row.evaluation)}") for row in rows if row.evaluation]
     notes += [Text(f"{row.name}: {harness_scores.line(row.harness)}") for row in rows if row.harness]
     notes += [Text(f"{row.name}: {describe_best(row.best)}") for row in rows if row.best]

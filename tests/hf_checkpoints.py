@@ -20,6 +20,8 @@ FAMILIES = {
     "tiny": [],
     "gpt2": ["model.position=learned", "model.mlp=gelu", "model.norm=layernorm", "model.d_model=48",
              "model.n_heads=4", "model.ffn_hidden=96"],
+    # A mixture of experts (4 experts, top 2, grouped-query attention): MixtralForCausalLM.
+    "mixtral": ["model=moe_tiny", "model.n_kv_heads=2"],
 }
 
 

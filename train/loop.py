@@ -37,6 +37,7 @@ from train.gc_control import GcControl
 from train.loss import TokenCount
 from train.model.build import build_model, flops_per_token
 from train.observe.metrics import IntervalLoss, MetricsLogger, log
+from train.observe.moe_stats import moe_fields
 from train.observe.telemetry import Telemetry
 from train.search.trial_report import TrialReporter
 from train.stability.runner import NOTHING, Stability
@@ -178,7 +179,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 logged, loss_avg = interval.take(loss)
                 losses[state.step] = logged
                 metrics.log(state.step, state.tokens,
-                            {**telemetry.collect(state.step, strategy), **data_progress(source, state.samples)},
+                            {**telemetry.collect(state.step, strategy), **data_progress(source, state.samples),
+                             **moe_fields(model, cfg.model, device)},
                             loss=logged, loss_avg=loss_avg, lr=lr, grad_norm=float(grad_norm),
                             **stability.log_fields(state.step, logged), **val)
             metrics.tick(state.step, logged)

@@ -58,7 +58,18 @@ def param_groups(model: nn.Module, optim: Any, hidden: Iterable[nn.Parameter] = 
         if groups.get((is_muon, decays)):
             group = {"params": groups[(is_muon, decays)], "weight_decay": weight_decay if decays else 0.0}
             out.append(group | ({"muon": is_muon} if optim.get("name") == "muon" else {}))
-    return out
+    return [part for group in out for part in _by_kind(group)]
+
+
+def _by_kind(group: dict[str, Any]) -> list[dict[str, Any]]:
+    """A group holding both DTensors (FSDP's shards) and whole tensors of 1 or more dims (parallel.ep's experts, which
+    FSDP leaves alone) as two groups of the same settings: a fused or foreach kernel takes one kind per call (a 0-dim
+    tensor goes with DTensors as a scalar)."""
+    whole = [p for p in group["params"] if not isinstance(p, DTensor) and p.dim()]
+    if not whole or len(whole) == len(group["params"]):
+        return [group]
+    own = {id(p) for p in whole}
+    return [group | {"params": [p for p in group["params"] if id(p) not in own]}, group | {"params": whole}]
 
 
 def hidden_matrices(blocks: Iterable[nn.Module]) -> list[nn.Parameter]:

@@ -25,6 +25,7 @@ from train.distributed import DistEnv
 from train.faults.preemption import StopOutcome
 from train.loss import TokenCount, cross_entropy
 from train.model.build import logits_of
+from train.model.moe import AuxLoss
 from train.observe.telemetry import NO_TIMING, StepTimer
 from train.stability import faults
 from train.stability.z_loss import ZLoss
@@ -87,6 +88,7 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
     if strategy.pipeline is not None:
         return pipeline_step(strategy, source, state, cfg, env, device, timer, mark, tokens)
     documents = bool(cfg.data.get("document_mask", False))
+    AuxLoss.scale = 1.0 / accum  # a MoE layer's auxiliary losses, averaged over the micro batches as the loss is
     loss_sum = torch.zeros((), device=device)
     z_sum = torch.zeros((), device=device) if z_loss is not None else None
     consumed: list[int] = []
@@ -146,6 +148,7 @@ def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cf
     if tokens is not None:
         tokens.add(batch[1])
     mark()
+    AuxLoss.scale = 1.0  # the schedule divides every gradient by its micro batches (scale_grads)
     with timer.synchronised(True):
         loss = strategy.pipeline.step(*batch)
     trace_samples(state, env, consumed, strategy)

@@ -12,6 +12,29 @@ from contract.config.keys import SEED_MAX, num, path_key
 
 
 @dataclass
+class MoEConfig:
+    # Mixture of experts (train/model/moe.py): the MLP of a MoE layer is `num_experts` expert MLPs (each of
+    # model.ffn_hidden, the model's mlp kind) and a router; 0: a dense model.
+    num_experts: int = num(0, 0)
+    # Experts each token is sent to (its router's top_k probabilities, renormalised to sum to 1, as Mixtral does).
+    top_k: int = num(2, 1)
+    # 0: dropless, every token reaches its top_k experts however uneven the load. > 0: each expert takes at most
+    # ceil(capacity_factor x tokens x top_k / num_experts) of a rank's micro batch, in token order; the choices past
+    # that are dropped (the token skips that expert; its residual stream carries on) and counted as dropped tokens.
+    capacity_factor: float = num(0.0, 0)
+    # Shared experts (DeepSeek-MoE): dense MLPs of model.ffn_hidden that every token passes through besides its routed
+    # experts; 0: none.
+    shared_experts: int = num(0, 0)
+    # The load-balancing loss (Switch Transformer: num_experts x sum over experts of the fraction of routed tokens x
+    # the mean router probability; 1 when balanced) times this is added to the training loss; 0: off.
+    aux_loss_coef: float = num(0.01, 0)
+    # The router z-loss (ST-MoE: the mean squared logsumexp of the router logits) times this is added too; 0: off.
+    z_loss_coef: float = num(0.001, 0)
+    # Which layers are MoE: every `every`-th (layers every-1, 2 x every-1, ...); 1: all of them, the others dense.
+    every: int = num(1, 1)
+
+
+@dataclass
 class ModelConfig:
     # The model's name: set by the group option (model=tiny), never typed.
     name: str = MISSING
@@ -60,6 +83,8 @@ class ModelConfig:
     # model directory, a run directory (its newest complete checkpoint) or RUN/checkpoints/step_N. Only the weights:
     # the optimizer, schedule and data start fresh; applied at a run's first start only (train/weights/init_weights.py).
     init_from: str | None = path_key()
+    # Mixture of experts: model.moe.num_experts > 0 (conf/model/moe_tiny.yaml, mixtral_8x7b.yaml).
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
 
 @dataclass
@@ -212,6 +237,10 @@ class ParallelConfig:
     # (causal work even), at its positions in the whole sequence; taken from the data-parallel ranks (data
     # parallelism is world / (tp x pp x cp)), gradients averaged over both. data.seq_len must divide by 2 x cp.
     cp: int = num(1, 1)
+    # Expert parallelism (model.moe): a MoE layer's experts split over this many data-parallel ranks (neighbouring
+    # ones), tokens sent to their experts' rank and back by all-to-all; each expert is replicated over the
+    # data-parallel ranks / ep groups. Must divide the data-parallel size and model.moe.num_experts.
+    ep: int = num(1, 1)
 
 
 @dataclass

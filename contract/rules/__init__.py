@@ -2,6 +2,7 @@
 
     schedules.py          learning-rate schedules in closed form of the step
     flops.py              training FLOPs per token (the plan's budget, telemetry's MFU)
+    moe_shape.py          a mixture of experts' parameters: all of them (memory), the active ones (FLOPs)
     sbatch.py             a job's sbatch parameters from its config
     eval_jobs.py          evaluation jobs: which steps get one, their checks (the design)
     eval_job_script.py    an evaluation job's config and script (checked at launch, submitted by rank 0)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.rules.moe_shape import mlp_params
+
 
 def matmul_params(m: Any) -> int:
     """Parameters that take part in a matrix multiply for every token (the blocks' projections and the output
@@ -16,8 +18,8 @@ def matmul_params(m: Any) -> int:
     head_dim = d // m.n_heads
     kv_heads = m.n_kv_heads or m.n_heads
     attn = d * d + 2 * kv_heads * head_dim * d + d * d
-    mlp = d * m.ffn_hidden * (3 if m.mlp == "swiglu" else 2)
-    return layers * (attn + mlp) + m.vocab_size * d
+    # A mixture of experts counts the experts a token uses (top_k) and its router (contract/rules/moe_shape.py).
+    return layers * attn + mlp_params(m, active=True) + m.vocab_size * d
 
 
 def flops_per_token(m: Any, seq_len: int) -> float:

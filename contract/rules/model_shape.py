@@ -10,9 +10,25 @@ from collections.abc import Mapping
 from typing import Any
 
 SHAPE_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len", "position",
-              "mlp", "norm", "norm_eps", "rope_theta", "tie_embeddings")
-# What a config.yaml written before a key existed trained with (contract/config/training.py's default then).
-OLD_DEFAULTS = {"norm_eps": 1e-5}
+              "mlp", "norm", "norm_eps", "rope_theta", "tie_embeddings", "moe.num_experts", "moe.top_k", "moe.every",
+              "moe.shared_experts")
+# What a config.yaml written before a key existed trained with (contract/config/training.py's default then); a
+# Hugging Face Llama or GPT-2 is dense.
+OLD_DEFAULTS = {"norm_eps": 1e-5, "moe.num_experts": 0}
+
+
+def value_of(model: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """model[key], a dotted key ("moe.top_k") through the nested sections."""
+    node: Any = model
+    for part in key.split("."):
+        if not hasattr(node, "get") or node.get(part) is None:
+            return default
+        node = node.get(part)
+    return node
+
+
+def has(model: Mapping[str, Any], key: str) -> bool:
+    return value_of(model, key) is not None
 
 
 def matters(key: str, model: Mapping[str, Any]) -> bool:
@@ -23,12 +39,14 @@ def matters(key: str, model: Mapping[str, Any]) -> bool:
         return model.get("position") == "learned"
     if key == "rope_theta":
         return model.get("position") == "rope"
+    if key.startswith("moe.") and key != "moe.num_experts":  # the routing of a model with experts only
+        return bool(value_of(model, "moe.num_experts", 0))
     return True
 
 
 def effective(key: str, model: Mapping[str, Any]) -> Any:
     """The value `key` has in the model built: n_kv_heads unset is one per query head; a number compared as one."""
-    value = model.get(key, OLD_DEFAULTS.get(key))
+    value = value_of(model, key, OLD_DEFAULTS.get(key))
     if key == "n_kv_heads" and value is None:
         return model.get("n_heads")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -38,7 +56,7 @@ def effective(key: str, model: Mapping[str, Any]) -> Any:
 
 def differing(ours: Mapping[str, Any], source: Mapping[str, Any], keys: tuple[str, ...] = SHAPE_KEYS) -> list[str]:
     """The keys of `keys` whose values would build another model from `source`'s weights."""
-    return [k for k in keys if (k in source or k in OLD_DEFAULTS) and matters(k, source) and effective(k, ours) != effective(k, source)]
+    return [k for k in keys if (has(source, k) or k in OLD_DEFAULTS) and matters(k, source) and effective(k, ours) != effective(k, source)]
 
 
 def describe(model: Mapping[str, Any]) -> str:
@@ -50,4 +68,9 @@ def describe(model: Mapping[str, Any]) -> str:
     return (f"d_model {model['d_model']}, {model['n_layers']} layers, {heads}, ffn {model['ffn_hidden']}, vocab "
             f"{model['vocab_size']}, context {model['max_seq_len']}, {position}, {model.get('mlp')}, "
             f"{model.get('norm')} eps {effective('norm_eps', model):g}, "
-            f"{'tied' if model.get('tie_embeddings') else 'untied'}")
+            f"{'tied' if model.get('tie_embeddings') else 'untied'}{_experts(model)}")
+
+
+def _experts(model: Mapping[str, Any]) -> str:
+    experts = value_of(model, "moe.num_experts", 0)
+    return f", {experts} experts top {value_of(model, 'moe.top_k')}" if experts else ""

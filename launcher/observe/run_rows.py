@@ -64,6 +64,8 @@ class Row:
     harness: dict[str, Any] | None = None
     # Silent data corruption found by the replica check: one line each, naming the ranks and hosts.
     corruption: list[str] = field(default_factory=list)
+    # A mixture of experts: its routing over the last log interval (experts_line), None for a dense model.
+    experts: str | None = None
     # Rollbacks with the sample ranges they skip, and the steps not applied (train/stability): one line each.
     stability: list[str] = field(default_factory=list)
     # The step since which every logged loss has been far above the run's start (contract/rules/blowup.py: more than
@@ -156,6 +158,19 @@ def describe_best(best: dict[str, Any]) -> str:
             f"(checkpoint.keep_best, {best['direction']})")
 
 
+def experts_line(metrics_row: dict[str, Any]) -> str | None:
+    """A MoE run's routing at its last logged step (train/observe/moe_stats.py): the expert load's max/mean of each
+    layer, dropped tokens, the auxiliary losses."""
+    by_layer = metrics_row.get("moe_load_max_mean_by_layer")
+    if not isinstance(by_layer, dict) or not by_layer:
+        return None
+    worst = max(by_layer, key=lambda k: by_layer[k])
+    return (f"experts at step {metrics_row.get('step')}: load max/mean {by_layer[worst]:.2f} in layer {worst} (the "
+            f"most uneven of {len(by_layer)} MoE layers), dropped {float(metrics_row.get('moe_dropped', 0.0)):.1%}, "
+            f"load-balancing loss {float(metrics_row.get('moe_aux_loss', float('nan'))):.3f}, router z-loss "
+            f"{float(metrics_row.get('moe_z_loss', float('nan'))):.3f}")
+
+
 def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> Row:
     config, damage = load_config(run.run_dir)
     max_steps = (config.get("trainer") or {}).get("max_steps")
@@ -177,6 +192,7 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
     row.events = events.counts(attempt_ends)
     row.evaluation = eval_results.summary(run.run_dir)
     row.corruption = events.corruption_notes(attempt_ends)
+    row.experts = experts_line(last_trained)
     row.stability = events.stability_notes(attempt_ends)
     row.loss_blown_since = loss_blown_since(metrics, config)
     if attempt_ends and attempt_ends[-1].get("kind") == "environment":

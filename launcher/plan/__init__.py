@@ -5,6 +5,7 @@
     world.py         the world size, ranks per node, the GPUs on this machine
     run_name.py      the run name derived from the training settings, which a resume must keep
     parallel.py      tensor, pipeline, context and data-parallel degrees on the device mesh, laid onto the cluster
+    moe_plan.py      a mixture of experts and parallel.ep: their refusals, the plan's total and active parameters
     estimate.py      memory per GPU and step time of a config (FLOPs per token: contract/rules/flops.py)
     fit.py           does it fit, which strategy (strategy=auto), the learning-rate scaling, the compute budget
     lr_schedule.py   the learning-rate schedule: refused when it can't run, described across a resume

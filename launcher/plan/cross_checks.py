@@ -14,6 +14,7 @@ from contract.errors import ConfigError
 from contract.rules.compile_modes import compile_refusal
 from contract.rules.hf_config import HF_TARGET, apply_hf_config
 from contract.rules.hf_export import refuse_unexportable
+from contract.rules.moe_shape import mlp_params
 from launcher.checks.overrides import typed_for
 from launcher.plan.parallel import (
     MIN_MICRO_PER_STAGE,
@@ -26,9 +27,9 @@ def count_parameters(m: Any) -> int:
     head_dim = d // m.n_heads
     kv_heads = m.n_kv_heads or m.n_heads
     attn = d * d + 2 * kv_heads * head_dim * d + d * d
-    mlp = d * m.ffn_hidden * (3 if m.mlp == "swiglu" else 2)
     norm = d if m.norm == "rmsnorm" else 2 * d
-    total = v * d + layers * (attn + mlp + 2 * norm) + norm
+    # Every expert of a mixture of experts (contract/rules/moe_shape.py): memory holds them all.
+    total = v * d + layers * (attn + 2 * norm) + mlp_params(m) + norm
     if m.position == "learned":
         total += m.max_seq_len * d
     if not m.tie_embeddings:

@@ -13,6 +13,7 @@ from typing import Any
 from contract.rules import float8
 from contract.rules.flops import flops_per_token
 from contract.rules.loss_chunks import loss_bytes
+from contract.rules.moe_shape import dense_mlp_params, largest_mlp_params, moe_layer_numbers, moe_of
 from contract.rules.optimizers import state_bytes
 
 GB = 1024**3
@@ -65,7 +66,8 @@ def block_params(m: Any) -> int:
     head_dim = d // m.n_heads
     kv = (m.n_kv_heads or m.n_heads) * head_dim
     norm = d if m.norm == "rmsnorm" else 2 * d
-    return 2 * d * d + 2 * kv * d + d * m.ffn_hidden * (3 if m.mlp == "swiglu" else 2) + 2 * norm
+    # The largest block's: a MoE layer's every expert (contract/rules/moe_shape.py).
+    return 2 * d * d + 2 * kv * d + largest_mlp_params(m) + 2 * norm
 
 
 def param_shapes(m: Any) -> tuple[tuple[tuple[int, ...], bool], ...]:
@@ -75,17 +77,32 @@ def param_shapes(m: Any) -> tuple[tuple[tuple[int, ...], bool], ...]:
     norm = ((d,),) if m.norm == "rmsnorm" else ((d,), (d,))
     matrices = [(q, d), (kv, d), (kv, d), (d, q), *([(f, d)] if m.mlp == "swiglu" else []), (f, d), (d, f)]
     block = [(shape, True) for shape in matrices] + [(shape, False) for shape in 2 * norm]
+    moe = moe_of(m)
+    if moe is not None:  # every MoE layer: its experts' stacked weights and its router in place of the MLP
+        experts, mlp = int(moe.num_experts), len(matrices) - 4
+        stacked = [((experts, *shape), False) for shape in matrices[4:]]
+        shared = [((shape[0] * int(moe.shared_experts), shape[1]) if i < mlp - 1 else
+                   (shape[0], shape[1] * int(moe.shared_experts)), True)
+                  for i, shape in enumerate(matrices[4:])] if int(moe.shared_experts) else []
+        moe_block = [(shape, True) for shape in matrices[:4]] + [((experts, d), False)] + stacked + shared + [
+            (shape, False) for shape in 2 * norm]
+        layers = set(moe_layer_numbers(m))
+        blocks = [s for i in range(m.n_layers) for s in (moe_block if i in layers else block)]
+    else:
+        blocks = block * m.n_layers
     root = [((m.vocab_size, d), False), *[(shape, False) for shape in norm]]
     if m.position == "learned":
         root.append(((m.max_seq_len, d), False))
     if not m.tie_embeddings:
         root.append(((m.vocab_size, d), False))
-    return tuple(block * m.n_layers + root)
+    return tuple(blocks + root)
 
 
 def root_params(m: Any, n_params: int) -> int:
     """Parameters outside the transformer blocks: embeddings, final norm, output layer."""
-    return n_params - m.n_layers * block_params(m)
+    moe_layers = len(moe_layer_numbers(m))
+    dense_blocks = (m.n_layers - moe_layers) * (block_params(m) - largest_mlp_params(m) + dense_mlp_params(m))
+    return n_params - dense_blocks - moe_layers * block_params(m)
 
 
 def block_activation_bytes(m: Any, compute_bytes: int) -> float:

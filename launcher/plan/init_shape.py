@@ -25,7 +25,7 @@ from contract.errors import ConfigError
 from contract.rules.hf_config import HF_TARGET, read_hf_config
 from contract.rules.hf_native import native_model_keys
 from contract.rules.init_source import KEY, WHAT_IT_TAKES, hf_config_json, resolve, trained_config
-from contract.rules.model_shape import OLD_DEFAULTS, SHAPE_KEYS, describe, effective, matters
+from contract.rules.model_shape import OLD_DEFAULTS, SHAPE_KEYS, describe, effective, has, matters, value_of
 from contract.rundir import ckpt_layout as layout
 from launcher.checks.overrides import typed_exactly, typed_for
 from launcher.plan.init_from import refuse_inside_overwritten
@@ -105,7 +105,7 @@ def _hf_config(path: Path) -> dict[str, Any] | None:
 
 
 def _values(model: Any, keys: list[str], most: int = 99) -> str:
-    shown = " ".join(f"model.{k}={model.get(k, OLD_DEFAULTS.get(k))}" for k in keys[:most])
+    shown = " ".join(f"model.{k}={value_of(model, k, OLD_DEFAULTS.get(k))}" for k in keys[:most])
     return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
 
@@ -127,11 +127,11 @@ def _adopt_native(cfg: DictConfig, source: Source) -> str:
     group_keys: list[str] = []
     adopted: dict[str, Any] = {}
     for key in SHAPE_KEYS:
-        if key not in source.model and key not in OLD_DEFAULTS:
+        if not has(source.model, key) and key not in OLD_DEFAULTS:
             continue
         typed = typed_for(f"model.{key}")
         if typed is None and group is None:
-            adopted[key] = source.model.get(key, OLD_DEFAULTS.get(key))
+            adopted[key] = value_of(source.model, key, OLD_DEFAULTS.get(key))
         elif matters(key, source.model) and effective(key, m) != effective(key, source.model):
             (typed_keys if typed is not None else group_keys).append(key)
     if typed_keys:
@@ -141,7 +141,7 @@ def _adopt_native(cfg: DictConfig, source: Source) -> str:
         raise _refuse(f"{group} (its {_values(m, group_keys, 4)})", str(group), group_keys, cfg, source)
     with open_dict(cfg):
         for key, value in adopted.items():
-            m[key] = value
+            OmegaConf.update(m, key, value, merge=True)
         if group is None and source.name:
             m.name = source.name
     head = f"{group}, as {_origin(source)} has it" if group is not None else f"from {_origin(source)}"

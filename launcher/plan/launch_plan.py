@@ -41,6 +41,7 @@ from launcher.plan.init_from import normalize as normalize_init_from
 from launcher.plan.init_from import weights_lines
 from launcher.plan.init_shape import settle_shape
 from launcher.plan.lr_schedule import schedule_note
+from launcher.plan.moe_plan import active_params, check_moe, moe_line
 from launcher.plan.parallel import (
     check_composable,
     check_layout,
@@ -94,6 +95,9 @@ class Plan:
     # How a step computes where that is not the obvious: precision=fp8 (contract/rules/float8.py), a chunked loss
     # (contract/rules/loss_chunks.py).
     step_lines: tuple[str, ...] = ()
+    # A mixture of experts: its experts, routing, total and active parameters (launcher/plan/moe_plan.py).
+    moe_line: str = ""
+    active_params: int = 0
 
     @property
     def gpu_hours(self) -> float:
@@ -123,6 +127,8 @@ class Plan:
             f"parameters, run directory {self.run_dir}{self.cost_line()}"
         ]
         lines += [f"  {line}" for line in self.layout_lines]
+        if self.moe_line:
+            lines.append(f"  {self.moe_line}")
         if self.model_note:
             lines.append(f"  {self.model_note}")
         if self.fit is not None:
@@ -151,6 +157,8 @@ class Plan:
             "lr": self.lr, "gpus": self.gpus, "gpu_hours_reserved_per_attempt": self.gpu_hours,
             "max_steps": self.max_steps,
         }
+        if self.moe_line:
+            out["active_params"] = self.active_params
         if self.length_line:
             out["length"] = self.length_line.removeprefix("length: ")
         if self.fit is not None:
@@ -197,6 +205,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     shape_lines = settle_shape(cfg)  # model.init_from's shape, before anything reads the model's keys
     _check_model(cfg)
     _check_precision(cfg)
+    check_moe(cfg, world)
     check_inputs(cfg)
     check_eval(cfg)
     check_keep_best(cfg)
@@ -280,6 +289,8 @@ def make_plan(cfg: DictConfig) -> Plan:
         optim_line=plan_line(cfg.optim, None if shape is None else shape.optimizer_bytes_per_param(cfg.optim)),
         length_line=length.line,
         step_lines=_step_lines(cfg, shape, seq_len),
+        moe_line=moe_line(cfg, shape.n_params) if shape is not None else "",
+        active_params=active_params(cfg, shape.n_params) if shape is not None else 0,
         **_reservation(cfg),
     )
 

@@ -42,9 +42,15 @@ NATIVE = {"Llama": ["model.vocab_size=128", "model.d_model=32", "model.n_layers=
                     "model.n_kv_heads=2", "model.ffn_hidden=64", "model.norm_eps=1e-6", "model.tie_embeddings=false"],
           "GPT2": ["model.vocab_size=128", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
                    "model.ffn_hidden=64", "model.max_seq_len=64", "model.position=learned", "model.mlp=gelu",
-                   "model.norm=layernorm", "model.tie_embeddings=false"]}
+                   "model.norm=layernorm", "model.tie_embeddings=false"],
+          # MixtralConfig's defaults: rms_norm_eps 1e-5, rope_theta 1e6.
+          "Mixtral": ["model.vocab_size=128", "model.d_model=32", "model.n_layers=2", "model.n_heads=4",
+                      "model.n_kv_heads=2", "model.ffn_hidden=64", "model.rope_theta=1000000",
+                      "model.tie_embeddings=false", "model.moe.num_experts=4", "model.moe.top_k=2"]}
 NATIVE_RUNS = {"Llama-tp": ("Llama", ["strategy=fsdp", "parallel.tp=2"]), "Llama-fsdp": ("Llama", ["strategy=fsdp"]),
-               "GPT2-ddp": ("GPT2", ["strategy=ddp"])}  # learned positions: no tensor parallelism yet
+               "GPT2-ddp": ("GPT2", ["strategy=ddp"]),  # learned positions: no tensor parallelism yet
+               # A saved Mixtral (each expert's projections apart) into the native MoE, its experts over 2 ranks.
+               "Mixtral-ep2": ("Mixtral", ["strategy=ddp", "parallel.ep=2"])}
 
 
 def _join(rank: int, port: int) -> None:
@@ -159,7 +165,7 @@ def test_fine_tuning_a_saved_hugging_face_model_starts_from_its_loss(runs: dict[
 
 
 @pytest.mark.parametrize("name", NATIVE_RUNS)
-def test_a_saved_llama_or_gpt2_trains_as_slurmtrains_own_model_from_its_loss(runs: dict[str, Any], name: str) -> None:
+def test_a_saved_llama_gpt2_or_mixtral_trains_as_slurmtrains_own_model_from_its_loss(runs: dict[str, Any], name: str) -> None:
     """Converted on load (the RoPE permutation, GPT-2's Conv1D and fused q/k/v), then split by tensor parallelism,
     sharded by FSDP or replicated by DDP: the first step's loss is the Hugging Face model's on the same batch."""
     from transformers import AutoModelForCausalLM

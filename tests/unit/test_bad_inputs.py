@@ -54,6 +54,12 @@ CASES = [
     Case("global-batch", ("trainer.global_batch_size=20", "local.nproc=2"), "pick a global batch that is a multiple "
                                                                           "of 16"),
     Case("heads-divide", ("model.d_model=65",), "model.d_model=65 is not divisible by model.n_heads=4"),
+    # -- mixture of experts and expert parallelism ----------------------------------------------------------------
+    Case("ep-experts", ("model=moe_tiny", "parallel.ep=3", "local.nproc=3"),
+         "parallel.ep=3 does not divide model.moe.num_experts=4: each ep rank holds the same number of experts"),
+    Case("moe-top-k", ("model=moe_tiny", "model.moe.top_k=5"), "set model.moe.top_k<=4"),
+    Case("ep-dense", ("model=tiny", "parallel.ep=2", "local.nproc=2"),
+         "parallel.ep=2 splits a mixture of experts and model=tiny is dense"),
     Case("lr-scaling-choice", ("optim.lr_scaling=cubic",), "is not one of none, linear, sqrt: set optim.lr_scaling"),
     Case("lr-scaling-reference", ("optim.lr_scaling=linear",), "add optim.reference_batch_size=N"),
     Case("verify-choice", ("checkpoint.verify=fast",), "checkpoint.verify=fast is not one of size, full"),

@@ -23,7 +23,8 @@ from train.weights import hf_adapters, hf_export
 BOOST = (256, 3.0)  # the end-of-document id's output row scaled: some prompts end early, others run 32 tokens
 PROMPTS = ["hello", "The quick brown fox", "def f(x):", "slurmtrain", "0123", "abc", "Hugging Face", "tokens",
            "export", "llama", "gpt", "zz", "#!", "import torch", "end", "ok"]
-CLASSES = {"llama_gqa_untied": "LlamaForCausalLM", "tiny": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}
+CLASSES = {"llama_gqa_untied": "LlamaForCausalLM", "tiny": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel",
+           "mixtral": "MixtralForCausalLM"}
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -170,6 +171,8 @@ def test_a_corrupted_mapping_fails_the_export_and_leaves_nothing(tmp_path: Path,
 @pytest.mark.parametrize("overrides, args, words", [
     (["model.position=learned"], [], "no Hugging Face class computes model.position=learned"),
     ([*FAMILIES["gpt2"], "model.n_kv_heads=2"], [], "grouped-query attention"),
+    (["model=moe_tiny", "model.moe.shared_experts=1"], [], "a mixture of experts with model.moe.shared_experts=1 has "
+                                                           "no Hugging Face class"),
     ([], ["--dtype", "float16"], "--dtype float16 can't hold model.layers.0.self_attn.q_proj.weight (|values| up to 1e+06)"),
     ([], ["--no-verify"], "--no-verify is for a model whose check does not fit in memory"),
     ([], ["--max-shard-size", "5 apples"], "--max-shard-size '5 apples' is not a size"),

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from contract.rundir import ckpt_layout as layout
 from contract.rundir import env_faults
 from train.checkpoints import manifest as manifest
+from train.strategies.expert_parallel import ExpertParallel, expert_parallel_of
 
 
 class ModelOptimState(Stateful):
@@ -28,6 +29,9 @@ class ModelOptimState(Stateful):
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        expert_parallel = expert_parallel_of(getattr(self.model, "module", self.model))
+        if expert_parallel is not None:  # each expert whole in the checkpoint: it loads under another ep
+            expert_parallel.globalize(model_sd, optim_sd)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -36,6 +40,7 @@ class ModelOptimState(Stateful):
         optim.no_decay, whose default moved the embeddings) would leave a group without them, or give a parameter
         another group's weight decay. The rate is the schedule's, set when the scheduler loads."""
         configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        ExpertParallel.localize(state_dict["model"], state_dict["optim"])
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
                        optim_state_dict=state_dict["optim"])
         for group, settings in zip(self.optimizer.param_groups, configured, strict=True):

@@ -1,6 +1,7 @@
 """The models a run trains.
 
     transformer.py   slurmtrain's decoder-only transformer (GPT-2 and Llama style)
+    moe.py           the mixture-of-experts feed-forward (model.moe): router, experts, auxiliary losses
     blocks.py        the repeated blocks of any model, found for FSDP, activation checkpointing and compile
     build.py         a model from its config (ours, a user's `_target_`, a Hugging Face config); logits of any
     float8.py        precision=fp8: the blocks' linear layers as torchao Float8Linear, checked on the rank's GPU

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.model.document_mask import attention_mask, masked_attention, positions_in_documents
+from train.model.moe import MoE, is_moe_layer, moe_config
 
 
 class RMSNorm(nn.Module):
@@ -162,12 +163,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, layer: int = 0) -> None:
         super().__init__()
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg)
         self.mlp_norm = make_norm(cfg)
-        self.mlp = MLP(cfg)
+        # model.moe: a mixture of experts in place of the MLP in every moe.every-th layer (train/model/moe.py).
+        self.mlp: nn.Module = MoE(cfg) if is_moe_layer(moe_config(cfg), layer) else MLP(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 cache: LayerCache | None = None, mask: Any = None) -> torch.Tensor:
@@ -196,7 +198,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.position == "learned" else None
-        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.n_layers)})
         self.final_norm: nn.Module | None = make_norm(cfg)
         self.lm_head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -214,7 +216,7 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() < 2:
                 continue
-            is_residual = name.endswith("out.weight") or name.endswith("down.weight")
+            is_residual = name.endswith(("out.weight", "down.weight", "experts.down"))
             nn.init.normal_(p, mean=0.0, std=residual_std if is_residual else std)
 
     def keep_layers(self, layers: Collection[int]) -> None:

@@ -12,8 +12,10 @@ from torch import nn
 from contract.errors import ConfigError
 from contract.rules import float8
 from train.model.blocks import blocks_for, prepare_blocks
+from train.model.moe import AuxLoss
 from train.optim import build_optimizer, build_scheduler, kernel_choice
 from train.stability.verdict import apply_with_skip
+from train.strategies.expert_parallel import apply_expert_parallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -56,6 +58,8 @@ class Strategy:
         self.virtual_stages = int(p.pp_virtual_stages) if p is not None and p.pp_schedule == "interleaved_1f1b" else 1
         # Read once: an OmegaConf attribute costs tens of microseconds, paid every step on the critical path.
         self.grad_clip = float(cfg.optim.grad_clip)
+        # parallel.ep > 1: the expert parameters' groups and handling (set in setup).
+        self.expert_parallel: Any = None
         # False after setup(train=False): forward only (an evaluation job), no optimizer and no gradient buffers.
         self.trains = True
         # precision=fp8 under FSDP2 with tensorwise scaling: weights all-gathered in float8 (train/model/float8.py).
@@ -121,6 +125,8 @@ class Strategy:
             model = model.to(self.device)
             if self.layout.tp > 1:
                 apply_tensor_parallel(model, self.layout.mesh["tp"])
+        # parallel.ep: this rank's experts only, left out of the wrapping below (train/strategies/expert_parallel.py).
+        self.expert_parallel = apply_expert_parallel(model, self.cfg, self.device.type)
         self.blocks = prepare_blocks(model, self.cfg.model, self.cfg.strategy)
         if self.layout is not None and self.layout.pp > 1:
             from train.strategies.pipeline import chunks
@@ -201,6 +207,7 @@ class Strategy:
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
+            AuxLoss.loss_scale = self.scaler._scale  # a MoE layer's auxiliary losses are scaled alike
         loss.backward()
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
@@ -208,6 +215,8 @@ class Strategy:
         the loop does only at log steps."""
         assert self.model is not None
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.expert_parallel is not None:
+            return self.expert_parallel.clip_gradients(params, max_norm)  # type: ignore[no-any-return]
         if self.layout is not None:
             from train.strategies.pipeline import clip_grad_norm
 
@@ -223,6 +232,8 @@ class Strategy:
         untouched). The schedule advances either way: the rate follows the trainer's step."""
         assert self.model is not None and self.optimizer is not None and self.scheduler is not None
         clip = self.grad_clip
+        if self.expert_parallel is not None:  # the experts' gradients: averaged over data-parallel ranks as the rest
+            self.expert_parallel.reduce_gradients()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         norm = self.clip_gradients(clip if clip > 0 else float("inf"))
@@ -249,7 +260,10 @@ class Strategy:
         every parameter, whole or its tensor-parallel shard, shared by the ranks of the same stage and index."""
         assert self.model is not None
         key = (self.layout.pp_rank, self.layout.tp_rank) if self.layout is not None else ()
-        return key, list(getattr(self.model, "module", self.model).named_parameters())
+        named = list(getattr(self.model, "module", self.model).named_parameters())
+        if self.expert_parallel is not None:  # each ep rank holds other experts: compared within their edp group
+            key += (self.expert_parallel.ep_rank,)
+        return key, named
 
     def replica_note(self) -> str:
         """Why replica_set has nothing to compare (logged once when so)."""

@@ -26,6 +26,10 @@ class DDPStrategy(Strategy):
         s = self.cfg.strategy
         # parallel.cp: the data-parallel x context-parallel ranks (train/strategies/mesh.py), else the world.
         group = self.layout.grad_mesh().get_group() if self.layout is not None else None
+        if self.expert_parallel is not None:  # each rank holds other experts: reduced by expert_parallel.py
+            # Under the names they have now (activation checkpointing's wrappers add a part to them).
+            names = [n for n, p in model.named_parameters() if self.expert_parallel.owns(p)]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         return DistributedDataParallel(
             model,
             process_group=group,

@@ -63,7 +63,10 @@ class FSDPStrategy(Strategy):
         reshard = bool(self.cfg.strategy.reshard_after_forward)
         self.replicated = [p for _, p in scalar_parameters(model)]
         # Passed only when there are some: older torch has no ignored_params.
-        ignored: dict[str, Any] = {"ignored_params": set(self.replicated)} if self.replicated else {}
+        # parallel.ep: the expert parameters stay this rank's experts, whole (train/strategies/expert_parallel.py).
+        experts = self.expert_parallel.params if self.expert_parallel is not None else []
+        ignored: dict[str, Any] = ({"ignored_params": set(self.replicated) | set(experts)}
+                                   if self.replicated or experts else {})
         for block in self.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard, **ignored)
         # The root keeps its parameters after forward: backward needs them at once (tied embedding/head). An

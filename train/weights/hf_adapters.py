@@ -5,6 +5,8 @@ An adapter is names and layouts only, exact both ways (native -> Hugging Face ->
     llama   LlamaForCausalLM: the same Linear layout; q and k rows permuted from our RoPE layout (each head's
             pairs interleaved: dims 2i, 2i+1 rotate together) to transformers' rotate-half (dims i, i + d/2), k by
             its own (key/value) head count under grouped-query attention
+    mixtral MixtralForCausalLM: Llama's, with each layer's router and experts (our stacked [experts, ...] weights
+            as one Linear per expert and projection, w1 / w3 / w2)
     gpt2    GPT2LMHeadModel: Conv1D weights ([in, out], ours transposed), q, k and v as one c_attn, and the
             biases our Linear layers do not have written as zeros (loading refuses weights whose biases are not)
 
@@ -179,13 +181,77 @@ class GPT2Adapter:
         return [key for key in saved if self._bias(_layer(key)[0])]
 
 
+class MixtralAdapter(LlamaAdapter):
+    """MixtralForCausalLM: Llama's attention and norms; each layer's router and experts as transformers 5 holds them
+    (mlp.gate, mlp.experts.gate_up_proj: gate and up stacked per expert, mlp.experts.down_proj), read also as
+    save_pretrained writes them (block_sparse_moe.gate, and expert e as block_sparse_moe.experts.e.w1 (our gate[e]),
+    w3 (up[e]) and w2 (down[e]))."""
+
+    family = "mixtral"
+    NAMES = {k: v for k, v in LlamaAdapter.NAMES.items() if ".mlp." not in k} | {
+        "blocks.{}.mlp.router.weight": "model.layers.{}.block_sparse_moe.gate.weight"}
+    EXPERTS = {"gate": "w1", "up": "w3", "down": "w2"}
+    EXPERT = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight$")
+    FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.(gate\.weight|experts\.gate_up_proj|experts\.down_proj)$")
+
+    def __init__(self, heads: int, kv: int, experts: int) -> None:
+        super().__init__(heads, kv)
+        self.experts = experts
+
+    def to_hf(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """In transformers 5's in-memory layout (what the class loads; its save_pretrained writes w1 / w2 / w3)."""
+        dense = {n: t for n, t in state.items() if ".mlp." not in n}
+        out = super().to_hf(dense)
+        layers = sorted({n.split(".")[1] for n in state if ".mlp.experts." in n}, key=int)
+        for layer in layers:
+            ours = f"blocks.{layer}.mlp."
+            out[f"model.layers.{layer}.mlp.gate.weight"] = state[ours + "router.weight"]
+            out[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.cat([state[ours + "experts.gate"],
+                                                                              state[ours + "experts.up"]], dim=1)
+            out[f"model.layers.{layer}.mlp.experts.down_proj"] = state[ours + "experts.down"]
+        return out
+
+    def from_hf(self, saved: Iterable[str]) -> dict[str, Source]:
+        saved = list(saved)
+        per_expert: dict[tuple[str, str], dict[int, str]] = {}
+        rest, out = [], {}
+        for key in saved:
+            expert, fused = self.EXPERT.match(key), self.FUSED.match(key)
+            if expert:
+                layer, e, w = expert.groups()
+                per_expert.setdefault((layer, w), {})[int(e)] = key
+            elif fused:
+                layer, what = fused.groups()
+                if what == "gate.weight":
+                    out[f"blocks.{layer}.mlp.router.weight"] = Source((key,), _one())
+                elif what == "experts.down_proj":
+                    out[f"blocks.{layer}.mlp.experts.down"] = Source((key,), _one())
+                else:  # gate and up, stacked along the rows of each expert
+                    out[f"blocks.{layer}.mlp.experts.gate"] = Source((key,), _one(lambda t: t.chunk(2, dim=1)[0]))
+                    out[f"blocks.{layer}.mlp.experts.up"] = Source((key,), _one(lambda t: t.chunk(2, dim=1)[1]))
+            else:
+                rest.append(key)
+        out.update(super().from_hf(rest))
+        back = {w: kind for kind, w in self.EXPERTS.items()}
+        for (layer, w), keys in per_expert.items():
+            if sorted(keys) != list(range(len(keys))):  # a gap: under its own names, which the fit check names
+                out.update({k: Source((k,), _one()) for k in keys.values()})
+                continue
+            out[f"blocks.{layer}.mlp.experts.{back[w]}"] = Source(tuple(keys[e] for e in sorted(keys)),
+                                                                   lambda tensors: torch.stack(tensors))
+        return out
+
+
 def adapter(model: Any) -> Adapter:
     """The adapter of a model config of ours (or native_model_keys' values for a Hugging Face config.json)."""
     from contract.rules.hf_native import family
 
-    if family(model) == "gpt2":
+    name = family(model)
+    if name == "gpt2":
         return GPT2Adapter()
     heads = int(model.get("n_heads"))
+    if name == "mixtral":
+        return MixtralAdapter(heads, int(model.get("n_kv_heads") or heads), int(model.get("moe")["num_experts"]))
     return LlamaAdapter(heads, int(model.get("n_kv_heads") or heads))
 
 

@@ -1,0 +1,83 @@
+"""A mixture of experts and expert parallelism in the launch plan: the refusals (before anything is created) and the
+plan's line (total parameters, which memory holds, and active ones, which FLOPs and MFU count). Pure arithmetic."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from contract.errors import ConfigError
+from contract.rules.moe_shape import mlp_params, moe_layer_numbers, moe_of
+
+
+def check_moe(cfg: Any, world: int) -> None:
+    """Refuse a MoE or ep setting that can't run, naming the fix."""
+    m, p = cfg.model, cfg.parallel
+    ep = int(p.get("ep", 1))
+    moe = None if m.get("_target_") else moe_of(m)
+    if moe is None:
+        if ep > 1:
+            raise ConfigError(f"parallel.ep={ep} splits a mixture of experts and model={m.name} is dense: use a MoE "
+                              "model (model=moe_tiny, or model.moe.num_experts=N), or parallel.ep=1")
+        return
+    experts, top_k = int(moe.num_experts), int(moe.top_k)
+    if top_k > experts:
+        raise ConfigError(f"model.moe.top_k={top_k} exceeds model.moe.num_experts={experts}: a token can't choose more "
+                          f"experts than there are; set model.moe.top_k<={experts}")
+    if not moe_layer_numbers(m):
+        raise ConfigError(f"model.moe.every={moe.every} leaves no MoE layer in model.n_layers={m.n_layers}: set "
+                          f"model.moe.every<={m.n_layers}")
+    if experts % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide model.moe.num_experts={experts}: each ep rank holds the "
+                          f"same number of experts; pick an ep that divides {experts}")
+    tp, pp = int(p.tp), int(p.pp)
+    if tp > 1:
+        raise ConfigError("a mixture of experts with tensor parallelism is not built yet: use parallel.tp=1 (parallel.ep "
+                          "splits the experts over data-parallel ranks instead)")
+    cp = int(p.get("cp", 1))
+    if cp > 1:  # the routing statistics and the aux losses would be per sequence chunk, not per sequence: untested
+        raise ConfigError(f"a mixture of experts with parallel.cp={cp} is not built yet: use parallel.cp=1")
+    if ep == 1:
+        return
+    if pp > 1:
+        raise ConfigError(f"parallel.ep={ep} with parallel.pp={pp} is not built yet: use parallel.pp=1")
+    if cfg.strategy.get("backend") == "deepspeed":
+        raise ConfigError(f"parallel.ep={ep} needs a torch strategy (ddp, fsdp, hsdp): strategy={cfg.strategy.name} "
+                          "is DeepSpeed's")
+    dp = world // (tp * pp)
+    if dp % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide the {dp} data-parallel ranks it is taken from: pick an ep "
+                          f"that divides {dp}")
+
+
+def moe_line(cfg: Any, n_params: int) -> str:
+    """'mixture of experts: ...' for the plan, or '' for a dense model."""
+    m = cfg.model
+    moe = None if m.get("_target_") else moe_of(m)
+    if moe is None:
+        return ""
+    experts, top_k = int(moe.num_experts), int(moe.top_k)
+    active = n_params - mlp_params(m) + mlp_params(m, active=True)
+    ep = int(cfg.parallel.get("ep", 1))
+    routing = ("dropless" if not float(moe.capacity_factor) else
+               f"capacity factor {float(moe.capacity_factor):g}: an expert takes at most "
+               f"{math.ceil(float(moe.capacity_factor) * top_k / experts * 100) / 100:g} x tokens per micro batch, "
+               "the rest dropped")
+    shared = f", {moe.shared_experts} shared" if int(moe.shared_experts) else ""
+    per_rank = experts // ep
+    split = (f"; ep {ep}: {per_rank} expert{'s' if per_rank > 1 else ''} per rank, tokens exchanged by all-to-all"
+             if ep > 1 else "")
+    return (f"mixture of experts: {experts} experts{shared}, top {top_k} ({routing}) in {len(moe_layer_numbers(m))} "
+            f"of {m.n_layers} layers; {_count(n_params)} parameters in all (memory), {_count(active)} active per token "
+            f"(FLOPs, MFU){split}")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def active_params(cfg: Any, n_params: int) -> int:
+    m = cfg.model
+    if m.get("_target_") or moe_of(m) is None:
+        return n_params
+    return n_params - mlp_params(m) + mlp_params(m, active=True)
