@@ -9,7 +9,12 @@ cost, but it runs the same code: counting the reads there finds them.
         train(cfg, env, device, run_dir)
     reads.steady_reads()              # the Reads of the steady steps: [] when all is well
     reads.per_steady_step()           # the mean number of reads per steady step (the benchmark prints it)
-    reads.report()                    # one line per read: step, what, where
+    reads.report()                    # one line per kind and place: how many per steady step, what, where
+
+On a GPU, `SyncCounter(cuda="count")` adds CUDA's own account (torch.cuda.set_sync_debug_mode, armed in the
+steady part of each step): `syncs_per_steady_step()` is the number a benchmark prints; `cuda="error"` raises at the
+first synchronising call of a steady step (tests/gpu). The modes slow every operation a little, and torch.compile
+may run eagerly under them: count in a run of its own, never in a timed one.
 
 Two hooks see the reads: a TorchDispatchMode (`aten._local_scalar_dense`, which `.item()`, `float()`, `int()` and
 `bool()` reach, `nonzero` and its kin, a copy to the host that is not non-blocking) and a TorchFunctionMode for
@@ -29,6 +34,7 @@ import contextlib
 import os
 import sys
 import traceback
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,15 +72,14 @@ _active: list[SyncCounter] = []
 def step_begins(step: int) -> None:
     """The loop, at the start of step `step` (1-based): reads from here on belong to it."""
     if _active:
-        _active[-1].step = step
-        _active[-1].steps.add(step)
+        _active[-1].begin(step)
 
 
 def busy(reason: str) -> None:
-    """The loop, in a step that may read (a log, validation, checkpoint, stop or recovery step): not steady."""
+    """The loop, in a step that may read (a log, validation, checkpoint, stop or recovery step), before it does:
+    the step is not steady."""
     if _active:
-        counter = _active[-1]
-        counter.busy[counter.step].add(reason)
+        _active[-1].mark_busy(reason)
 
 
 def host_values(t: torch.Tensor) -> list[Any]:
@@ -177,16 +182,47 @@ def _device_to_host(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return dst is not None and torch.device(dst).type == "cpu"
 
 
-class SyncCounter:
-    """Counts host reads per step of the training loop it is active over (see the module docstring)."""
+# torch's words for a synchronising CUDA call under torch.cuda.set_sync_debug_mode("warn").
+CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
 
-    def __init__(self) -> None:
+
+class SyncCounter:
+    """Counts host reads per step of the training loop it is active over (see the module docstring).
+
+    `cuda`: also CUDA's own account, from `torch.cuda.set_sync_debug_mode`, switched on at each step from
+    `armed_from` (the first steps compile and warm up) and off at the step's first busy mark: "count" records each
+    synchronising call as a Read of kind "cuda sync" (the benchmark's figure: `syncs_per_steady_step`), "error"
+    makes it raise where it happens (the gpu tier's guard)."""
+
+    def __init__(self, cuda: str | None = None, armed_from: int = 2) -> None:
+        if cuda not in (None, "count", "error"):
+            raise ValueError(f"cuda={cuda!r}: None, 'count' or 'error'")
+        self.cuda, self.armed_from = cuda, armed_from
         self.step = 0  # before the first step: set-up
         self.reads: list[Read] = []
         self.busy: dict[int, set[str]] = defaultdict(set)
         self.steps: set[int] = set()
         self.paused = 0
         self._modes: list[Any] = []
+        self._warnings: Any = None
+        self._showwarning: Any = None
+
+    def begin(self, step: int) -> None:
+        self.step = step
+        self.steps.add(step)
+        if self.cuda is not None and step >= self.armed_from:
+            torch.cuda.set_sync_debug_mode("warn" if self.cuda == "count" else "error")
+
+    def mark_busy(self, reason: str) -> None:
+        self.busy[self.step].add(reason)
+        if self.cuda is not None:
+            torch.cuda.set_sync_debug_mode("default")
+
+    def _on_warning(self, message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+        if CUDA_SYNC_WARNING in str(message):
+            self.record("cuda sync")
+        else:
+            self._showwarning(message, category, filename, lineno, *rest)
 
     def record(self, kind: str) -> None:
         if self.paused:
@@ -199,6 +235,11 @@ class SyncCounter:
 
     def __enter__(self) -> SyncCounter:
         _active.append(self)
+        if self.cuda == "count":
+            self._warnings = warnings.catch_warnings()
+            self._warnings.__enter__()
+            warnings.filterwarnings("always", message=f".*{CUDA_SYNC_WARNING}")
+            self._showwarning, warnings.showwarning = warnings.showwarning, self._on_warning
         self._modes = [_Methods(self), _Operators(self)]
         for mode in self._modes:
             mode.__enter__()
@@ -207,6 +248,11 @@ class SyncCounter:
     def __exit__(self, *exc: Any) -> None:
         for mode in reversed(self._modes):
             mode.__exit__(*exc)
+        if self.cuda is not None:
+            torch.cuda.set_sync_debug_mode("default")
+        if self._warnings is not None:
+            self._warnings.__exit__(*exc)  # restores warnings.showwarning too
+            self._warnings = None
         _active.remove(self)
 
     def steady_steps(self) -> list[int]:
@@ -222,6 +268,13 @@ class SyncCounter:
         """The mean number of reads per steady step (0.0 with no steady step)."""
         steady = self.steady_steps()
         return len(self.steady_reads()) / len(steady) if steady else 0.0
+
+    def syncs_per_steady_step(self) -> float:
+        """With cuda="count": the mean number of synchronising CUDA calls per steady step, as CUDA counts them
+        (a read of a host tensor is a Read but no sync)."""
+        steady = self.steady_steps()
+        syncs = [r for r in self.steady_reads() if r.kind == "cuda sync"]
+        return len(syncs) / len(steady) if steady else 0.0
 
     def report(self) -> str:
         """The reads of the steady steps, one line per kind and place: how many per steady step, what, where
