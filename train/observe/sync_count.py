@@ -239,7 +239,7 @@ class SyncCounter:
             self._warnings = warnings.catch_warnings()
             self._warnings.__enter__()
             warnings.filterwarnings("always", message=f".*{CUDA_SYNC_WARNING}")
-            self._showwarning, warnings.showwarning = warnings.showwarning, self._on_warning
+            self._showwarning, warnings.showwarning = warnings.showwarning, self._on_warning  # type: ignore[assignment]
         self._modes = [_Methods(self), _Operators(self)]
         for mode in self._modes:
             mode.__enter__()
