@@ -108,17 +108,16 @@ def paused() -> Iterator[None]:
 def _library() -> str:
     """Where outside this project and torch the read was made ("deepspeed/runtime/engine.py:2100", say), or ""."""
     for f in reversed(traceback.extract_stack()[:-3]):
-        if "site-packages" in f.filename and "/torch/" not in f.filename:
-            tail = f.filename.split("site-packages/", 1)[1]
-            return f"{tail}:{f.lineno}"
+        for packages in ("site-packages/", "dist-packages/"):
+            if packages in f.filename and "/torch/" not in f.filename:
+                return f"{f.filename.split(packages, 1)[1]}:{f.lineno}"
     return ""
 
 
 def _caller() -> str:
-    """The innermost frame of this project (train/, launcher/, bench/), else the innermost of all."""
+    """The innermost frame of this project's train/ or bench/ that led to the read."""
     frames = traceback.extract_stack()[:-3]
-    ours = [f for f in frames if "/train/" in f.filename and not f.filename.endswith("sync_count.py")
-            or "/bench/" in f.filename]
+    ours = [f for f in frames if f.filename.startswith(_OURS) and f.filename != __file__]
     if not ours:
         return "(outside this project)"
     f = ours[-1]
