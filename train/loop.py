@@ -36,6 +36,7 @@ from train.faults.watchdog import Watchdog
 from train.gc_control import GcControl
 from train.loss import TokenCount
 from train.model.build import build_model, flops_per_token
+from train.observe import sync_count
 from train.observe.metrics import IntervalLoss, MetricsLogger, log
 from train.observe.moe_stats import moe_fields
 from train.observe.telemetry import Telemetry
@@ -158,6 +159,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         gc_control.start()  # set-up is done: freeze what it made, collect every trainer.gc_every steps from here
         while state.step < t.max_steps:
             watchdog.step_started(state.step + 1)
+            sync_count.step_begins(state.step + 1)  # a no-op unless a test or benchmark counts the host reads
             state.samples = stability.step_start(state.step + 1, state.samples)  # past skipped sample ranges
             lr = strategy.current_lr()
             telemetry.begin_step()
@@ -170,12 +172,14 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             telemetry.end_step()
             state.step += 1
             state.samples += global_batch
-            state.tokens += tokens.take()
+            tokens.step_done()  # state.tokens is settled where it is read: a log step, a save
             gc_control.step(state.step)
             logged: float | None = None
             # Before the stop agreement: a signal that comes during validation stops at this step, as always.
             val = validate(validator, model, watchdog, metrics) if validator.due(state.step) else {}
             if state.step % t.log_every == 0 or state.step in (1, t.max_steps) or val:
+                sync_count.busy("log")  # the step's values are read here, once the device has caught up
+                state.tokens += tokens.settle()
                 logged, loss_avg = interval.take(loss)
                 losses[state.step] = logged
                 metrics.log(state.step, state.tokens,
@@ -192,8 +196,11 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             action = watcher.trouble if state.step < t.max_steps else stability.wanted(drain=True)
             action = max(action, stability.replicas_agree(state.step))  # collective where due; corruption wins
             if not action and (stop or state.step >= t.max_steps or (t.ckpt_every and state.step % t.ckpt_every == 0)):
+                sync_count.busy("save")
                 action = stability.before_save()
             if action != NOTHING:
+                sync_count.busy("recover")
+                state.tokens += tokens.settle()  # every rank: the action is agreed
                 if prefetcher is not None:
                     prefetcher.close()
                 recovered = stability.recover(action, state.step)
@@ -218,13 +225,13 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 if prefetcher is not None:  # its thread would only compete with the save for the CPU
                     log.info("stopping at step %d: dropped %s prepared ahead; the resume starts at sample %d",
                              state.step, describe_dropped(prefetcher.close()), state.samples)
-                interval.carry(state)
+                carry(state, interval, tokens)
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=True)
                 outcome = after_stop(env, cfg, state.step, watcher.agreed, run_dir)
                 break
             if t.ckpt_every and state.step % t.ckpt_every == 0:
-                interval.carry(state)
+                carry(state, interval, tokens)
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=False)
                 watchdog.save_state()
@@ -233,7 +240,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             if env.is_main:
                 log.info("nothing to do: already at step %d of %d", state.step, t.max_steps)
         if state.step >= t.max_steps and outcome.kind is None:
-            interval.carry(state)
+            carry(state, interval, tokens)
             with watchdog.section("checkpoint"):
                 ckpt.save(state, blocking=True)
             if env.is_main:
@@ -253,9 +260,16 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     return TrainResult(state, model, losses, outcome)
 
 
+def carry(state: TrainState, interval: IntervalLoss, tokens: TokenCount) -> None:
+    """Before a save (every rank, at the same step): the interval's loss and the tokens trained into `state`."""
+    interval.carry(state)
+    state.tokens += tokens.settle()
+
+
 def validate(validator: Validator, model: torch.nn.Module, watchdog: Watchdog,
              metrics: MetricsLogger) -> dict[str, float]:
     """One validation pass in its own watchdog section; its time is left out of the logged throughput."""
+    sync_count.busy("validation")
     started = time.perf_counter()
     with watchdog.section("validation"):
         values = validator.run(model)

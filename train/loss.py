@@ -61,22 +61,30 @@ class ChunkedCrossEntropy(torch.autograd.Function):
 
 
 class TokenCount:
-    """The tokens a step trains, for state.tokens: global batch x seq_len, or with supervised fine-tuning data
-    (`responses`) the targets that count in the loss over every rank's micro batches, summed over the world (one
-    all-reduce a step) and divided by the ranks that read the same samples (tensor-parallel peers, pipeline
-    stages)."""
+    """The tokens the steps train, for state.tokens: global batch x seq_len a step, or with supervised fine-tuning
+    data (`responses`) the targets that count in the loss over every rank's micro batches, summed over the world
+    and divided by the ranks that read the same samples (tensor-parallel peers, pipeline stages). Those stay on the
+    device until `settle()`, which the loop calls only where it reads state.tokens (a log step, a save): there one
+    all-reduce and one read cover every step since the last."""
 
     def __init__(self, responses: bool, per_step: int, peers: int, device: torch.device) -> None:
         self.responses, self.per_step, self.peers = responses, per_step, peers
         self.local = torch.zeros((), dtype=torch.int64, device=device)
+        self.steps = 0
 
     def add(self, targets: torch.Tensor) -> None:
         if self.responses:
             self.local += counted(targets.reshape(-1))
 
-    def take(self) -> int:
+    def step_done(self) -> None:
+        self.steps += 1
+
+    def settle(self) -> int:
+        """The tokens of the steps done since the last settle (a collective with `responses`: every rank calls it
+        at the same step)."""
+        steps, self.steps = self.steps, 0
         if not self.responses:
-            return self.per_step
+            return self.per_step * steps
         import torch.distributed as dist
 
         total = self.local.clone()

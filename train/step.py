@@ -20,7 +20,7 @@ from train.data import (
     micro_batch_indices,
 )
 from train.data.index import INDEX_VERSION
-from train.data.prefetch import BatchPrefetcher
+from train.data.prefetch import BatchPrefetcher, to_device
 from train.distributed import DistEnv
 from train.faults.preemption import StopOutcome
 from train.loss import TokenCount, cross_entropy
@@ -99,8 +99,7 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
             if prefetcher is not None:
                 inputs, targets, *extra = prefetcher.get(idx)
             else:
-                inputs, targets, *extra = (x.to(device, non_blocking=True)
-                                           for x in load_micro_batch(source, idx, documents))
+                inputs, targets, *extra = to_device(load_micro_batch(source, idx, documents), device)
         if faults.ACTIVE:
             inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
         inputs, targets = strategy.split_sequence(inputs, targets)  # parallel.cp: this rank's chunks
@@ -143,8 +142,7 @@ def pipeline_step(strategy: Strategy, source: TokenSource, state: TrainState, cf
         for micro in range(t.grad_accum_steps):
             consumed.extend(micro_batch_indices(state.samples, micro, strategy.dp_rank, strategy.dp_size,
                                                 t.micro_batch_size))
-        batch = load_micro_batch(source, consumed, bool(cfg.data.get("document_mask", False)))
-        batch = tuple(x.to(device, non_blocking=True) for x in batch)
+        batch = to_device(load_micro_batch(source, consumed, bool(cfg.data.get("document_mask", False))), device)
     if tokens is not None:
         tokens.add(batch[1])
     mark()

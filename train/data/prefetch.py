@@ -97,6 +97,14 @@ class BatchPrefetcher:
         return self._thread.is_alive()
 
 
+def to_device(batch: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A micro batch loaded on the training thread (no prefetch, a pipeline's step) onto the device: pinned first
+    on CUDA, so that the copy is queued and the host goes on, as the prefetcher's are."""
+    if device.type == "cuda":
+        batch = [x.pin_memory() for x in batch]
+    return tuple(x.to(device, non_blocking=True) for x in batch)
+
+
 def describe_dropped(dropped: list[list[int]]) -> str:
     samples = sorted(i for indices in dropped for i in indices)
     return f"{len(dropped)} micro batches (samples {_span(samples)})" if dropped else "no micro batches"

@@ -23,6 +23,7 @@ from contract.errors import EXIT_STOPPED
 from train.distributed import DistEnv, cpu_group
 from train.faults.signals import StopFlag
 from train.observe.metrics import log
+from train.observe.sync_count import host_values
 
 # Fault injection for tests: "STEP:RANK" makes RANK send itself the preemption signal after STEP; "STEP:RANK:parent"
 # sends it to the rank's parent instead (a search worker, launcher/sweeps/search_worker.py, which forwards it).
@@ -78,9 +79,9 @@ def all_reduce_max_each(values: list[int], group: Any) -> list[int]:
     """The largest of each value over the ranks, in one tiny CPU all-reduce."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return values
-    t = torch.tensor(values, dtype=torch.int32)
+    t = torch.tensor(values, dtype=torch.int32)  # host memory: the group is gloo on every device
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return [int(v) for v in t.tolist()]
+    return [int(v) for v in host_values(t)]
 
 
 def slurm_job_id() -> str | None:

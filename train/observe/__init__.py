@@ -6,4 +6,5 @@
     moe_stats.py   a MoE model's expert load per layer, dropped tokens and auxiliary losses, read at log steps
     memory.py      what a rank really holds, measured, against the launch plan's estimate
     quiet.py       third-party notices known harmless in our uses (each filter says why), everything else let through
+    sync_count.py  host reads of device values per training step (the guard that a steady step reads none)
 """

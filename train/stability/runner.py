@@ -36,6 +36,7 @@ from contract.rundir import ckpt_layout as layout
 from contract.rundir.events import record_event
 from contract.rundir.skipped_samples import SkippedSamples
 from train.distributed import cpu_group
+from train.observe import sync_count
 from train.observe.metrics import log
 from train.stability.advice import diagnose, stop_advice
 from train.stability.blowup_warning import BlowupWarning
@@ -132,6 +133,8 @@ class Stability:
     def replicas_agree(self, step: int) -> int:
         """Every rank after every update (collective): the periodic replica check where due; CORRUPTION if not."""
         self.step = step
+        if self.replicas.due(step):
+            sync_count.busy("replica check")  # a periodic check (stability.replica_check_every): it reads
         self.found = self.replicas.after_step(step)
         return CORRUPTION if self.found else NOTHING
 

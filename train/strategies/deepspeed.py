@@ -211,10 +211,14 @@ class DeepSpeedStrategy(Strategy):
             # DeepSpeed counts micro steps in step(): off the boundary it only advances the counter.
             self.engine.step()
 
-    def optimizer_step(self, check: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
-        """Reduce, unscale, clip and step (all inside engine.step()), then schedule; returns the gradient norm.
-        The engine applies its update itself: `check` sees the norm only after it (a non-finite step is rolled
-        back, not skipped: train/stability/runner.py)."""
+    def optimizer_step(self, check: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor | float:
+        """Reduce, unscale, clip and step (all inside engine.step()), then schedule; returns the gradient norm as
+        the engine keeps it (a tensor, or a float), unread. The engine applies its update itself: `check` sees the
+        norm only after it (a non-finite step is rolled back, not skipped: train/stability/runner.py).
+
+        The engine itself reads values every step, which no setting turns off (train/observe/sync_count.py counts
+        them, tests/dist/test_sync_free.py names them): its overflow check of the gradient norm, the client
+        optimizer's step counts, and with ZeRO-3 its parameter coordinator's checks in forward."""
         assert self.scheduler is not None
         if not self.engine.is_gradient_accumulation_boundary():
             raise RuntimeError(
@@ -225,10 +229,10 @@ class DeepSpeedStrategy(Strategy):
         self.engine.step()
         self.scheduler.step()
         norm = self.engine.get_global_grad_norm()
-        norm = 0.0 if norm is None else float(norm)
+        norm = 0.0 if norm is None else norm
         if check is not None:
-            check(torch.tensor(norm, device=self.device))
-        return norm
+            check(torch.as_tensor(norm, device=self.device))
+        return norm  # type: ignore[no-any-return]
 
     def current_lr(self) -> float:
         assert self.basic_optimizer is not None

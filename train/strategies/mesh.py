@@ -11,6 +11,7 @@ with the data-parallel ones: FSDP shards over dp x cp, as torchtitan's "dp_shard
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -39,6 +40,11 @@ class Layout:
     def dp_dims(self) -> tuple[str, ...]:
         names = self.mesh.mesh_dim_names or ()
         return tuple(n for n in names if n.startswith("dp"))
+
+    @cached_property
+    def pp_group(self) -> Any:
+        """The pipeline's process group, looked up once (slicing the mesh builds a sub-mesh on every call)."""
+        return self.mesh["pp"].get_group()
 
     def dp_mesh(self) -> DeviceMesh:
         dims = self.dp_dims

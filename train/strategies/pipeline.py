@@ -74,11 +74,14 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, layout: Any) -> 
         norm = norm.full_tensor()
     if layout.pp > 1:
         squared = norm.double() ** 2
-        dist.all_reduce(squared, group=layout.mesh["pp"].get_group())
+        dist.all_reduce(squared, group=layout.pp_group)
         norm = squared.sqrt().to(norm.dtype)
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for g in grads:
-        g.mul_(coefficient.item() if isinstance(g, DTensor) else coefficient.to(g.device))
+        # A tensor-parallel shard is scaled in place through its local tensor: the same multiply, and no read of
+        # the coefficient by the host (a DTensor won't take a plain tensor operand). Every gradient is on the
+        # rank's one device, where the norm was computed.
+        (g.to_local() if isinstance(g, DTensor) else g).mul_(coefficient)
     return norm
 
 
@@ -88,7 +91,7 @@ class Pipeline:
         self.strategy = strategy
         self.pp, self.first, self.last = layout.pp, layout.pp_rank == 0, layout.pp_rank == layout.pp - 1
         virtual = len(parts)
-        group = layout.mesh["pp"].get_group()
+        group = layout.pp_group
         stages: list[Any] = [PipelineStage(part, s, layout.pp * virtual, strategy.device, group=group)
                   for part, s in zip(parts, rank_stages(layout.pp_rank, layout.pp, virtual), strict=True)]
         n_micro = int(cfg.trainer.grad_accum_steps)
