@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-dist test-slurm test-gpu gpu-check lint docs bench bench-quick slurm-install slurm-up slurm-down sshd-install sshd-up sshd-down clean
+.PHONY: help install test test-unit test-dist test-slurm test-gpu gpu-check lint docs reference bench bench-quick slurm-install slurm-up slurm-down sshd-install sshd-up sshd-down clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -43,8 +43,11 @@ lint: ## ruff, mypy, and the import-linter contracts between launcher/, train/ a
 	$(PYTHON) -m mypy launcher contract
 	lint-imports
 
-docs: ## the documentation site into site/ (MkDocs, warnings are errors); its reference pages and figures are generated
+docs: ## the documentation site into site/ (MkDocs, warnings are errors); its figures are generated, and it fails while a reference page is stale
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
+
+reference: ## write docs/reference/config.md and commands.md again from the schema and the commands (commit them)
+	$(PYTHON) -m launcher.docs.references
 
 bench: ## benchmarks under bench/, ratios measured in one run; report in bench/results/REPORT.md
 	$(PYTHON) -m bench

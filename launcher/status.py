@@ -2,7 +2,8 @@
 sweep or run root.
 
 DIR is a run directory (config.yaml), a sweep directory (sweep.json) or a directory holding run directories
-(run.root, e.g. outputs/); or a prepared dataset directory (launcher.prepare.status: one row, complete or not).
+(run.root, e.g. outputs/); or a prepared dataset directory, or a folder of them (launcher.prepare.status: one row
+per dataset, complete or not).
 Which runs DIR holds: launcher/observe/runs.py; each run's row: launcher/observe/run_rows.py. This module draws
 the table, its notes and the watch loop. A sweep's rows (any DIR's with --rank-by) are ranked, best first, by one
 metric (launcher/observe/ranking.py), and a line under the table says which.
@@ -153,18 +154,18 @@ def _watch(render: Any, every_s: float) -> int:
         return 0
 
 
-def preparation(path: Path, as_json: bool, every_s: float | None) -> int:
-    """A prepared dataset directory: its one row (launcher.prepare.status)."""
+def preparation(path: Path, datasets: list[Path], as_json: bool, every_s: float | None) -> int:
+    """A prepared dataset directory, or a folder of them: one row per dataset (launcher.prepare.status)."""
     from launcher.prepare import status as prep
 
     def render(clock: bool) -> Any:
         title = f"{path.resolve()}  {time.strftime('%X')}" if clock else str(path.resolve())
-        return prep.table(prep.preparation_row(path), title)
+        return prep.table([prep.preparation_row(d) for d in datasets], title)
 
     if every_s is not None:
         return _watch(lambda _first: render(True), every_s)
     if as_json:
-        print(metrics_file.dumps({"rows": [asdict(prep.preparation_row(path))]}, indent=2))
+        print(metrics_file.dumps({"rows": [asdict(prep.preparation_row(d)) for d in datasets]}, indent=2))
         return 0
     console().print(render(False))
     return 0
@@ -173,8 +174,8 @@ def preparation(path: Path, as_json: bool, every_s: float | None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
     parser.add_argument("dir", nargs="?", default=".", type=Path,
-                        help="a run directory, a sweep directory, a run.root or a prepared dataset directory "
-                        "(default: .)")
+                        help="a run directory, a sweep directory, a run.root, a prepared dataset directory or a "
+                        "folder of them (default: .)")
     parser.add_argument("--json", action="store_true", help='print {"rows": [...], "total": {...}}')
     parser.add_argument("--watch", nargs="?", const=WATCH_DEFAULT_S, type=float, metavar="SECONDS",
                         help=f"refresh every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C")
@@ -204,10 +205,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return main_status(args.dir, args.json)
         if args.dir.is_dir() and not (args.dir / "config.yaml").is_file():
-            from launcher.prepare.status import is_preparation
+            from launcher.prepare.status import preparations
 
-            if is_preparation(args.dir):
-                return preparation(args.dir, args.json, args.watch)
+            datasets = preparations(args.dir)
+            if datasets:
+                return preparation(args.dir, datasets, args.json, args.watch)
         target = find_runs(args.dir)
         if args.rank_by:
             rank_runs([run.run_dir for run in target.runs], args.rank_by)  # a metric no run measured: refused now

@@ -15,6 +15,14 @@ import torch.distributed as dist
 
 # Ports derived from the job id stay in this range, clear of the ephemeral range most kernels use.
 MASTER_PORT_RANGE = (20000, 29999)
+# Local runs: the launcher binds and listens on MASTER_PORT itself (port 0: the OS picks a free one as it binds) and
+# hands rank 0 the listening socket's descriptor under this name; rank 0 hosts the TCPStore on it. No port is ever
+# picked ahead and released, so no other process can take it in between (torchrun's agent holds its store the same
+# way). launcher/run/local.py sets it.
+STORE_FD_ENV = "SLURMTRAIN_STORE_FD"
+# Set by whoever hosts the store for the ranks (torchrun's agent; the dist tests' parent process): every rank,
+# rank 0 included, joins it as a client.
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 @dataclass(frozen=True)
@@ -101,13 +109,24 @@ def init_process_group(env: DistEnv, backend: str, timeout_s: int = 600) -> None
         os.environ.setdefault(key, str(value))
     if env.world_size == 1 or dist.is_initialized():
         return
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    dist.init_process_group(backend=backend, store=rendezvous_store(env, timeout_s), rank=env.rank,
+                            world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def rendezvous_store(env: DistEnv, timeout_s: int, environ: dict[str, str] | None = None) -> dist.TCPStore:
+    """The TCPStore the ranks meet at. Local runs: rank 0 hosts it on the socket the launcher bound and holds
+    (STORE_FD_ENV). A store hosted outside the ranks (AGENT_STORE_ENV): every rank is a client. Otherwise (SLURM,
+    where each task derives the same port from the job id): rank 0 binds MASTER_PORT as it creates the store,
+    nobody picks it ahead, and the others connect to it, retrying until the timeout."""
+    environ = dict(os.environ if environ is None else environ)
+    timeout = timedelta(seconds=timeout_s)
+    listen_fd = environ.get(STORE_FD_ENV)
+    hosted_elsewhere = environ.get(AGENT_STORE_ENV, "").lower() in ("1", "true")
+    if env.rank == 0 and listen_fd and not hosted_elsewhere:
+        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=True, timeout=timeout,
+                             wait_for_workers=False, master_listen_fd=int(listen_fd))
+    return dist.TCPStore(env.master_addr, env.master_port, env.world_size,
+                         is_master=env.rank == 0 and not hosted_elsewhere, timeout=timeout, wait_for_workers=False)
 
 
 def nccl_env(cluster: Any, run_dir: Path) -> dict[str, str]:

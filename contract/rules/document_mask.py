@@ -53,11 +53,9 @@ def _unprepared(key: str, path: str) -> str:
 def _check_eval_sets(cfg: Any) -> None:
     """Validation honours the mask too: every set must record its documents."""
     from contract.data.manifest import is_prepared_dir
-    from contract.rules.eval_jobs import jobs_enabled
-    from contract.rules.eval_sets import enabled as eval_enabled
-    from contract.rules.eval_sets import resolved_sets
+    from contract.rules.eval_sets import resolved_sets, validates
 
-    if not eval_enabled(cfg) and not jobs_enabled(cfg):
+    if not validates(cfg):
         return
     for name, entry in resolved_sets(cfg).items():
         key = f"eval.sets.{name}"

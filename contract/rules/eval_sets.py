@@ -7,8 +7,9 @@ A set is a dict with a `kind`:
     synthetic  held-out samples of the synthetic stream (data=synthetic's table, sample indices from
                HELD_OUT_START on, which training never reaches); `seed` (default data.seed)
     dataset    a user's map-style dataset: `_target_` and `args`, items in order
-With eval.every > 0 and no set named, one set "val": the prepared data's validation split, else the synthetic
-stream's held-out samples, else the launch is refused.
+With eval.every > 0 (or eval.at_start=true alone: step 0 only, a check of imported weights) and no set named, one
+set "val": the prepared data's validation split, else the synthetic stream's held-out samples, else the launch is
+refused.
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ def eval_section(cfg: Any) -> Any:
 def enabled(cfg: Any) -> bool:
     section = eval_section(cfg)
     return section is not None and int(section.every) > 0
+
+
+def start_only(cfg: Any) -> bool:
+    """eval.at_start=true alone: validate the initial weights at step 0 and never again (eval.every=0, no jobs)."""
+    section = eval_section(cfg)
+    return (section is not None and bool(section.get("at_start")) and not enabled(cfg)
+            and not jobs_enabled(cfg))
+
+
+def validates(cfg: Any) -> bool:
+    """Whether the run validates at all: every eval.every steps, in evaluation jobs, or at step 0 alone."""
+    return enabled(cfg) or jobs_enabled(cfg) or start_only(cfg)
 
 
 def asked(cfg: Any) -> str:
@@ -129,11 +142,8 @@ def check_eval(cfg: Any) -> None:
     from contract.rules.harness import check_harness
 
     check_harness(cfg)
-    if not enabled(cfg) and not jobs_enabled(cfg):
+    if not validates(cfg):
         section = eval_section(cfg)
-        if section is not None and section.get("at_start"):
-            raise ConfigError("eval.at_start=true evaluates at step 0 of a run that validates: set eval.every=N too "
-                              "(or eval.async_jobs=true on a cluster), or drop eval.at_start")
         if section is not None and section.get("sets"):
             name = next(iter(section.sets))
             raise ConfigError(f"eval.sets.{name} is never evaluated: validation is off (eval.every=0); set eval.every=N "
@@ -201,13 +211,16 @@ def repeat_warning(name: str, samples: int, batches: int, global_batch: int) -> 
 
 def plan_line(cfg: Any, global_batch: int) -> str | None:
     """The launch plan's words for validation: when, how much, on which sets (None: no validation)."""
-    if not enabled(cfg) and not jobs_enabled(cfg):
+    if not validates(cfg):
         return None
     section = eval_section(cfg)
-    when = (f"an evaluation job per checkpoint (every trainer.ckpt_every={int(cfg.trainer.ckpt_every)} steps and the "
-            "last)" if jobs_enabled(cfg) else f"every {int(section.every)} steps and at the end")
-    if section.get("at_start"):
-        when += ", and at step 0"
+    if start_only(cfg):
+        when = "at step 0 only (eval.at_start=true; eval.every=0, so nothing validates later)"
+    else:
+        when = (f"an evaluation job per checkpoint (every trainer.ckpt_every={int(cfg.trainer.ckpt_every)} steps and "
+                "the last)" if jobs_enabled(cfg) else f"every {int(section.every)} steps and at the end")
+        if section.get("at_start"):
+            when += ", and at step 0"
     samples = int(section.batches) * global_batch
     what = {"val": "the validation split of {path}", "tokens": "{path}", "synthetic": "the synthetic stream's "
             "held-out samples (seed {seed})", "dataset": "{_target_}"}

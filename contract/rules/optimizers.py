@@ -59,11 +59,22 @@ def state_floats(name: str, shape: tuple[int, ...], hidden: bool, momentum: floa
     raise ValueError(f"optim.name={name} is not one of {', '.join(OPTIMIZERS)}")
 
 
-def state_bytes(optim: Any, params: Iterable[tuple[tuple[int, ...], bool]]) -> float:
-    """The optimizer state of the whole model, unsharded: `params` is each parameter's shape and whether it is a
-    hidden matrix."""
-    momentum = optim.get("momentum")
-    return float(FP32 * sum(state_floats(optim.name, tuple(shape), hidden, momentum) for shape, hidden in params))
+def state_bytes(optim: Any, params: Iterable[tuple[tuple[int, ...], bool, int]]) -> float:
+    """The optimizer state of the whole model, unsharded: `params` is each distinct parameter shape, whether it is
+    a hidden matrix, and how many parameters have it (a model's repeated blocks counted once and multiplied, so the
+    cost does not grow with the layer count)."""
+    name, momentum = optim.name, optim.get("momentum")  # read once: a config lookup per parameter is slow
+    return float(FP32 * sum(count * state_floats(name, tuple(shape), hidden, momentum)
+                            for shape, hidden, count in params))
+
+
+def count_shapes(params: Iterable[tuple[tuple[int, ...], bool]]) -> tuple[tuple[tuple[int, ...], bool, int], ...]:
+    """(shape, hidden) pairs, one per parameter, as the (shape, hidden, count) groups `state_bytes` reads."""
+    counts: dict[tuple[tuple[int, ...], bool], int] = {}
+    for shape, hidden in params:
+        key = (tuple(shape), bool(hidden))
+        counts[key] = counts.get(key, 0) + 1
+    return tuple((shape, hidden, count) for (shape, hidden), count in counts.items())
 
 
 def strategy_refusal(optim_name: str, strategy: Any) -> str | None:

@@ -1,7 +1,9 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the generated parts of the site, made at every build, never committed.
+"""MkDocs hooks (mkdocs.yml `hooks:`): the generated parts of the site.
 
     reference/config.md     every config key (launcher/docs/config_reference.py)
     reference/commands.md   every command's --help (launcher/docs/commands_reference.py)
+                            both committed under docs/; the build fails while they differ from a fresh generation
+                            (`make reference` writes them: launcher/docs/references.py)
     generated/loss.png, generated/tokens_per_s.png   launcher.report's figures of a tiny run the build makes
                             (launcher/docs/showcase.py)
     <!-- generated: status -->   a line of its own in a page: replaced by launcher.status's table of that run
@@ -25,14 +27,15 @@ from mkdocs.structure.pages import Page
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from launcher.docs.showcase import Showcase, ShowcaseFailed, make_showcase  # noqa: E402
-from launcher.docs.site import PAGES, SHOWCASE_DIR, STATUS_MARKER  # noqa: E402
+from launcher.docs.site import SHOWCASE_DIR, STATUS_MARKER, stale_pages, stale_words  # noqa: E402
 
 _state: dict[str, Any] = {}
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    for path, render in PAGES.items():
-        files.append(File.generated(config, path, content=render()))
+    stale = stale_pages()
+    if stale:
+        raise PluginError(stale_words(stale))
     try:
         showcase = make_showcase()
     except ShowcaseFailed as err:

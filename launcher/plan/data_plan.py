@@ -8,9 +8,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from contract.rules.document_mask import attention_line
-from contract.rules.eval_jobs import jobs_enabled
-from contract.rules.eval_sets import enabled as eval_enabled
-from contract.rules.eval_sets import repeat_warning, resolved_sets, set_spec
+from contract.rules.eval_sets import repeat_warning, resolved_sets, set_spec, validates
 from launcher.plan.run_length import length_key
 from launcher.plan.world import ranks_on_gpus
 
@@ -57,7 +55,7 @@ def eval_set_warnings(cfg: DictConfig, global_batch: int) -> tuple[str, ...]:
     """A warning for each val or tokens set with fewer samples than a validation pass reads (eval.batches x the
     global batch): the words the ranks say at the first pass (contract/rules/eval_sets.py repeat_warning). A small set
     is legal, so this is no refusal; synthetic sets are unbounded and a dataset's size is known only once built."""
-    if not eval_enabled(cfg) and not jobs_enabled(cfg):
+    if not validates(cfg):
         return ()
     batches, seq_len, out = int(cfg.eval.batches), int(cfg.data.seq_len), []
     for name, entry in resolved_sets(cfg).items():

@@ -14,7 +14,7 @@ from contract.rules import float8
 from contract.rules.flops import flops_per_token
 from contract.rules.loss_chunks import loss_bytes
 from contract.rules.moe_shape import dense_mlp_params, largest_mlp_params, moe_layer_numbers, moe_of
-from contract.rules.optimizers import state_bytes
+from contract.rules.optimizers import count_shapes, state_bytes
 
 GB = 1024**3
 FP32 = 4
@@ -70,9 +70,11 @@ def block_params(m: Any) -> int:
     return 2 * d * d + 2 * kv * d + largest_mlp_params(m) + 2 * norm
 
 
-def param_shapes(m: Any) -> tuple[tuple[tuple[int, ...], bool], ...]:
-    """Each parameter of our transformer: its shape and whether it is a 2-D weight of a block (what Muon steps)."""
-    d, f, heads = m.d_model, m.ffn_hidden, m.n_heads
+def param_shapes(m: Any) -> tuple[tuple[tuple[int, ...], bool, int], ...]:
+    """Our transformer's parameter shapes: each distinct shape, whether it is a 2-D weight of a block (what Muon
+    steps), and how many parameters have it. A block's shapes are counted once and multiplied by the layer count,
+    so a typo such as model.n_layers=1000000 is refused at once rather than walked parameter by parameter."""
+    d, f, heads, n_layers = m.d_model, m.ffn_hidden, m.n_heads, m.n_layers
     q, kv = d // heads * heads, (m.n_kv_heads or heads) * (d // heads)
     norm = ((d,),) if m.norm == "rmsnorm" else ((d,), (d,))
     matrices = [(q, d), (kv, d), (kv, d), (d, q), *([(f, d)] if m.mlp == "swiglu" else []), (f, d), (d, f)]
@@ -86,16 +88,19 @@ def param_shapes(m: Any) -> tuple[tuple[tuple[int, ...], bool], ...]:
                   for i, shape in enumerate(matrices[4:])] if int(moe.shared_experts) else []
         moe_block = [(shape, True) for shape in matrices[:4]] + [((experts, d), False)] + stacked + shared + [
             (shape, False) for shape in 2 * norm]
-        layers = set(moe_layer_numbers(m))
-        blocks = [s for i in range(m.n_layers) for s in (moe_block if i in layers else block)]
+        moe_layers = len(moe_layer_numbers(m))
     else:
-        blocks = block * m.n_layers
+        moe_block, moe_layers = [], 0
     root = [((m.vocab_size, d), False), *[(shape, False) for shape in norm]]
     if m.position == "learned":
         root.append(((m.max_seq_len, d), False))
     if not m.tie_embeddings:
         root.append(((m.vocab_size, d), False))
-    return tuple(blocks + root)
+    # A block's shapes counted once and multiplied by its layers: a typo such as model.n_layers=1000000 is refused
+    # at once rather than walked parameter by parameter.
+    return (tuple((shape, hidden, count * (n_layers - moe_layers)) for shape, hidden, count in count_shapes(block))
+            + tuple((shape, hidden, count * moe_layers) for shape, hidden, count in count_shapes(moe_block))
+            + count_shapes(root))
 
 
 def root_params(m: Any, n_params: int) -> int:
@@ -180,9 +185,10 @@ class ModelShape:
     # The share of the activations one rank keeps: 1 / tensor-parallel degree (sequence parallel splits the rest;
     # a 1F1B pipeline stage keeps pp micro batches of 1 / pp of the layers, which is the whole model's once).
     activation_share: float = 1.0
-    # Each parameter's shape and whether it is a 2-D weight of a block: what the optimizer state is sized by
-    # (contract/rules/optimizers.py). None: unknown (then every parameter counts as a block's matrix).
-    param_shapes: tuple[tuple[tuple[int, ...], bool], ...] | None = None
+    # Each distinct parameter shape, whether it is a 2-D weight of a block, and how many parameters have it: what
+    # the optimizer state is sized by (contract/rules/optimizers.py). None: unknown (then every parameter counts as
+    # a block's matrix).
+    param_shapes: tuple[tuple[tuple[int, ...], bool, int], ...] | None = None
 
     @classmethod
     def ours(cls, m: Any, n_params: int) -> ModelShape:
@@ -193,8 +199,8 @@ class ModelShape:
     def optimizer_bytes_per_param(self, optim: Any) -> float:
         """The optimizer's state per parameter, averaged over the model (Adafactor's factors and Muon's split between
         its matrices and AdamW's share make it depend on the shapes)."""
-        shapes = self.param_shapes if self.param_shapes is not None else (((1,), True),)
-        return state_bytes(optim, shapes) / max(1, sum(math.prod(shape) for shape, _ in shapes))
+        shapes = self.param_shapes if self.param_shapes is not None else (((1,), True, 1),)
+        return state_bytes(optim, shapes) / max(1, sum(count * math.prod(shape) for shape, _, count in shapes))
 
     @property
     def activations_known(self) -> bool:

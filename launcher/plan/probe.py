@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from contract.errors import ConfigError
+from contract.rules.optimizers import count_shapes
 from launcher.plan.estimate import ModelShape
 
 _answers: dict[str, dict[str, Any]] = {}
@@ -86,7 +87,7 @@ def probe(cfg: DictConfig, world_size: int) -> Probe:
         f = answer["facts"]
         shape = ModelShape(f["n_params"], f["block_params"], f["n_blocks"], f["largest_root"], f["root"],
                            f["largest_param"], None, None, f["flops_per_token"] if f["flops_source"] == "model" else None,
-                           param_shapes=tuple((tuple(s), bool(hidden)) for s, hidden in f.get("param_shapes", ())) or None)
+                           param_shapes=count_shapes((tuple(s), bool(h)) for s, h in f.get("param_shapes", ())) or None)
         return Probe(shape, answer.get("note", ""), answer.get("data_samples"))
     if answer.get("kind") in ("target", "config"):
         raise ConfigError(answer["error"])

@@ -1,4 +1,5 @@
-"""`python -m launcher.status DIR` on a prepared dataset directory: one row, complete or in progress, local or SLURM.
+"""`python -m launcher.status DIR` on a prepared dataset directory (one row, complete or in progress, local or SLURM),
+or on a folder of them (one row per dataset, as for a folder of runs).
 
 The row is read from the directory alone (manifest.json, .parts/plan.json, the tasks' completion records,
 .parts/jobs.txt) plus what SLURM says of the jobs there, through the same helpers as a run's row:
@@ -51,6 +52,20 @@ class PrepRow:
 def is_preparation(path: Path) -> bool:
     """A directory `launcher.prepare` wrote: a finished dataset, or one being (or stopped being) prepared."""
     return (path / MANIFEST).is_file() or (path / PARTS / PLAN).is_file()
+
+
+def preparations(path: Path) -> list[Path]:
+    """The prepared datasets DIR stands for: itself, or the datasets directly inside a folder that holds no runs
+    (a run root's rows are its runs); [] for neither."""
+    path = Path(path)
+    if (path / "config.yaml").is_file():
+        return []
+    if is_preparation(path):
+        return [path]
+    children = sorted(c for c in path.iterdir() if c.is_dir())
+    if any((c / "config.yaml").is_file() for c in children):
+        return []
+    return [c for c in children if is_preparation(c)]
 
 
 def _locked_here(path: Path) -> bool:
@@ -144,8 +159,8 @@ def preparation_row(path: Path) -> PrepRow:
                    **_counts(manifest, records))
 
 
-def table(row: PrepRow, title: str) -> Any:
-    """The row as a rich table, then the tokenizer and the next step (too long for cells)."""
+def table(rows: list[PrepRow], title: str) -> Any:
+    """The rows as a rich table, then each dataset's tokenizer and next step (too long for cells)."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -155,8 +170,13 @@ def table(row: PrepRow, title: str) -> Any:
                 padding=(0, 1, 0, 0))
     for header in ("dataset", "job", "state", "tasks", "train tokens", "train docs", "val tokens", "val docs"):
         out.add_column(header, justify="left" if header in ("dataset", "job", "state") else "right", no_wrap=True)
-    state = row.state if row.slurm_state in (None, "") else f"{row.state} ({row.slurm_state})"
-    tasks = f"{'-' if row.tasks_complete is None else row.tasks_complete}/{row.tasks_total or '?'}"
-    out.add_row(row.name, row.job, Text(state, style="red") if row.state == FAILED else state, tasks,
-                f"{row.train_tokens:,}", f"{row.train_documents:,}", f"{row.val_tokens:,}", f"{row.val_documents:,}")
-    return Group(out, Text(f"tokenizer: {row.tokenizer}"), Text(f"next: {row.next}"))
+    for row in rows:
+        state = row.state if row.slurm_state in (None, "") else f"{row.state} ({row.slurm_state})"
+        tasks = f"{'-' if row.tasks_complete is None else row.tasks_complete}/{row.tasks_total or '?'}"
+        out.add_row(row.name, row.job, Text(state, style="red") if row.state == FAILED else state, tasks,
+                    f"{row.train_tokens:,}", f"{row.train_documents:,}", f"{row.val_tokens:,}",
+                    f"{row.val_documents:,}")
+    if len(rows) == 1:
+        return Group(out, Text(f"tokenizer: {rows[0].tokenizer}"), Text(f"next: {rows[0].next}"))
+    notes = [Text(f"{row.name}: tokenizer {row.tokenizer}; next: {row.next}") for row in rows]
+    return Group(out, *notes)

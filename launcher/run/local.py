@@ -39,10 +39,19 @@ INTERRUPT_WINDOW_S = 1.0
 INTERRUPT_WINDOW_ENV = "SLURMTRAIN_TEST_INTERRUPT_WINDOW_S"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Local ranks meet at a TCPStore that rank 0 hosts on a socket this launcher binds (port 0: the OS picks a free port
+# at the moment it binds) and holds until the workers end; rank 0 gets the listening socket's descriptor under this
+# name (train/distributed.py rendezvous_store). A port picked ahead, released and bound again later could be taken
+# by another process in between.
+STORE_FD_ENV = "SLURMTRAIN_STORE_FD"
+
+
+def listening_socket() -> socket.socket:
+    """A socket bound to a port the OS picks and listening, for rank 0's store: the port stays ours throughout."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
 
 
 def worker_env(rank: int, nproc: int, port: int, run_dir: Path) -> dict[str, str]:
@@ -99,9 +108,12 @@ class WorkerGroup:
         # Outside the run directory, which may be the very thing that failed: where ranks leave their one-line
         # environmental endings (contract/rundir/environment.py) for this launcher to print once.
         self.ending_dir = Path(tempfile.mkdtemp(prefix="slurmtrain-endings-"))
+        self.store_socket: socket.socket | None = None
 
     def start(self) -> None:
-        port = free_port()
+        self.store_socket = listening_socket()
+        port = int(self.store_socket.getsockname()[1])
+        listen_fd = self.store_socket.fileno()
         cmd = [sys.executable, "-m", "launcher.worker", "--config", str(self.config_path)]
         for rank in range(self.nproc):
             log_path = self.run_dir / "logs" / f"rank_{rank}.log"
@@ -109,10 +121,12 @@ class WorkerGroup:
             out = None if rank == 0 else log_path.open("ab")
             env = worker_env(rank, self.nproc, port, self.run_dir)
             env[environment.ENDING_DIR_ENV] = str(self.ending_dir)
+            if rank == 0:
+                env[STORE_FD_ENV] = str(listen_fd)
             # Own session: the terminal's Ctrl-C reaches the launcher only, which decides what workers get.
             proc = subprocess.Popen(cmd, env=env, stdout=out,
                                     stderr=subprocess.STDOUT if out else None, start_new_session=True,
-                                    preexec_fn=_term_with_parent)
+                                    preexec_fn=_term_with_parent, pass_fds=(listen_fd,) if rank == 0 else ())
             if out is not None:
                 out.close()
             self.procs.append(proc)
@@ -235,6 +249,8 @@ class WorkerGroup:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.ending_dir, ignore_errors=True)
+        if self.store_socket is not None:
+            self.store_socket.close()
 
     @staticmethod
     def reason(code: int) -> str:

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics
+from tests.dist.store import hosted_port
 from tests.dist.workers import train_and_dump_params
 
 pytestmark = pytest.mark.dist
@@ -19,11 +19,11 @@ pytestmark = pytest.mark.dist
 def test_ddp_replicas_identical_after_a_step(tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
-    mp.spawn(train_and_dump_params, args=(2, free_port(), str(one), ["trainer.max_steps=1"]), nprocs=2)
+    mp.spawn(train_and_dump_params, args=(2, hosted_port(2), str(one), ["trainer.max_steps=1"]), nprocs=2)
     r0, r1 = (torch.load(one / f"rank{r}.pt") for r in range(2))
     assert torch.equal(r0["params"], r1["params"])
     # And steps do something: a fresh 2-step run ends elsewhere than the 1-step run.
-    mp.spawn(train_and_dump_params, args=(2, free_port(), str(two), ["trainer.max_steps=2"]), nprocs=2)
+    mp.spawn(train_and_dump_params, args=(2, hosted_port(2), str(two), ["trainer.max_steps=2"]), nprocs=2)
     assert not torch.equal(r0["params"], torch.load(two / "rank0.pt")["params"])
 
 

@@ -17,10 +17,10 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from contract.errors import EXIT_STOPPED
-from launcher.run.local import free_port
-from tests.conftest import hq, launch, read_metrics
-from tests.dist.workers import train_several
 from contract.rundir import ckpt_layout as layout
+from tests.conftest import hq, launch, read_metrics
+from tests.dist.store import hosted_port
+from tests.dist.workers import train_several
 
 pytestmark = pytest.mark.dist
 
@@ -36,7 +36,7 @@ LOW_PRECISIONS = ["bf16"]
 
 
 def _spawn(out: Path, world: int, runs: dict[str, list[str]]) -> dict[str, dict[int, float]]:
-    mp.spawn(train_several, args=(world, free_port(), str(out), runs), nprocs=world)
+    mp.spawn(train_several, args=(world, hosted_port(world), str(out), runs), nprocs=world)
     return {name: torch.load(out / name / "losses_rank0.pt") for name in runs}
 
 

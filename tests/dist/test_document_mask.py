@@ -5,14 +5,13 @@ ddp; validation honours it."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launcher.run.local import free_port
 from tests.conftest import read_metrics
 from tests.dist.document_mask_workers import FIRST, train_and_compare
+from tests.dist.store import hosted_port
 from tests.prepared_data import random_documents, write_prepared
 
 pytestmark = pytest.mark.dist
@@ -39,7 +38,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     # An interleaved schedule runs two stages (Chunk views of the model) per rank: 4 layers over 4 stages.
     runs["ddp4-on"] = [*runs["ddp-on"], "model.n_layers=4"]
     runs["pp2i-on"] = [*runs["pp2-on"], "parallel.pp_schedule=interleaved_1f1b", "model.n_layers=4"]
-    mp.spawn(train_and_compare, args=(2, free_port(), str(root), runs), nprocs=2)
+    mp.spawn(train_and_compare, args=(2, hosted_port(2), str(root), runs), nprocs=2)
     out = {name: torch.load(root / name / "result.pt") for name in runs}
     for name in runs:
         out[name]["val"] = [row["val/val/loss"] for row in read_metrics(root / name) if "val/val/loss" in row]

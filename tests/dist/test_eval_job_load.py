@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from contract.rundir import eval_results
-from launcher.run.local import free_port
-from tests.conftest import read_metrics
-from tests.dist.workers import train_several
 from contract.rules.init_source import MODEL_DIR
+from contract.rundir import eval_results
+from tests.conftest import read_metrics
+from tests.dist.store import hosted_port
+from tests.dist.workers import train_several
 
 pytestmark = pytest.mark.dist
 
@@ -66,7 +66,8 @@ def run_jobs(rank: int, world: int, ports: list[int], run_dirs: list[str], step:
     _refuse_optimizers()
     for run_dir, port in zip(run_dirs, ports, strict=True):
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local")
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local",
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # the test process hosts the store (tests/dist/store.py)
         _record_dcp_reads(Path(reads_dir) / f"{Path(run_dir).name}_step{step}_rank{rank}.txt")
         assert job.run(run_dir, step) == 0
 
@@ -75,7 +76,7 @@ def run_jobs(rank: int, world: int, ports: list[int], run_dirs: list[str], step:
 def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("eval_job_load")
     runs = {s: [f"strategy={s}", *COMMON] for s in STRATEGIES}
-    mp.spawn(train_several, args=(2, free_port(), str(out), runs), nprocs=2)
+    mp.spawn(train_several, args=(2, hosted_port(2), str(out), runs), nprocs=2)
     moved = {}
     for step in (EVERY, STEPS):  # the job must not need them: away they go
         model_dir = out / "zero2" / "checkpoints" / f"step_{step}" / MODEL_DIR
@@ -88,7 +89,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     reads = out / "reads"
     reads.mkdir()
     for world, step in JOBS:
-        ports = [free_port() for _ in STRATEGIES]
+        ports = [hosted_port(world) for _ in STRATEGIES]
         mp.spawn(run_jobs, args=(world, ports, [str(out / s) for s in STRATEGIES], step, str(reads)), nprocs=world)
     return {"out": out, "moved": moved, "reads": reads}
 

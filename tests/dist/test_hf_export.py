@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launcher.run.local import free_port
 from tests.conftest import ROOT, launcher_env
+from tests.dist.store import hosted_port
 from tests.dist.workers import train_and_dump_full_model
 from tests.forked_cli import EXPORT_PRELOAD, run_module
 from tests.prepared_data import write_prepared
@@ -51,7 +51,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = {**RUNS, "hf_tied": [*RUNS["hf_tied"], f"model.config_path={out / 'tied_llama'}"],
             "ours_export": [*RUNS["ours_export"], "data=tokens", f"data.path={out / 'bytes data'}",
                             "model.vocab_size=257"]}
-    mp.spawn(train_and_dump_full_model, args=(2, free_port(), str(out), runs), nprocs=2)
+    mp.spawn(train_and_dump_full_model, args=(2, hosted_port(2), str(out), runs), nprocs=2)
     return out
 
 

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from launcher.compose import compose_and_plan
-from launcher.run.local import free_port
 from tests.conftest import read_metrics
+from tests.dist.store import hosted_port
 from train.data import build_source, load_micro_batch
 from train.model.build import build_model, logits_of
 from train.weights.export import load_model_state
@@ -57,7 +57,8 @@ def _join(rank: int, port: int) -> None:
     from train import distributed
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local")
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local",
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # the test process hosts the store (tests/dist/store.py)
     torch.set_num_threads(1)
     distributed.init_process_group(distributed.detect(), "gloo")
 
@@ -91,7 +92,7 @@ def _plan(root: Path, name: str, *overrides: str) -> tuple[Any, str, str]:
 
 
 def _spawn(runs: list[tuple[Any, str]], moves: dict[int, tuple[str, str]] | None = None) -> None:
-    mp.spawn(run_planned, args=(free_port(), runs, moves or {}), nprocs=WORLD)
+    mp.spawn(run_planned, args=(hosted_port(WORLD), runs, moves or {}), nprocs=WORLD)
 
 
 @pytest.fixture(scope="module")

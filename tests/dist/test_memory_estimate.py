@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from launcher.run.local import free_port
 from tests.dist.memory_workers import measure_states
+from tests.dist.store import hosted_port
 
 pytestmark = pytest.mark.dist
 
@@ -25,7 +25,7 @@ RUNS = {
 
 
 def test_states_held_per_rank_match_the_estimate(tmp_path: Path) -> None:
-    mp.spawn(measure_states, args=(2, free_port(), str(tmp_path), RUNS), nprocs=2)
+    mp.spawn(measure_states, args=(2, hosted_port(2), str(tmp_path), RUNS), nprocs=2)
     for rank in range(2):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert sorted(results) == sorted(RUNS)

@@ -11,8 +11,8 @@ import torch
 import torch.multiprocessing as mp
 
 from contract.errors import EXIT_STOPPED
-from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics, traced_samples
+from tests.dist.store import hosted_port
 from tests.dist.workers import train_several
 
 pytestmark = pytest.mark.dist
@@ -24,7 +24,7 @@ COMMON = ["model.tie_embeddings=false", "trainer.global_batch_size=16", "trainer
 
 
 def _spawn(tmp_path: Path, world: int, runs: dict[str, list[str]]) -> dict[str, dict[int, float]]:
-    mp.spawn(train_several, args=(world, free_port(), str(tmp_path), runs), nprocs=world)
+    mp.spawn(train_several, args=(world, hosted_port(world), str(tmp_path), runs), nprocs=world)
     return {name: torch.load(tmp_path / name / "losses_rank0.pt") for name in runs}
 
 

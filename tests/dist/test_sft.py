@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from launcher.prepare.__main__ import main as prepare_main
-from launcher.run.local import free_port
 from launcher.sample import main as sample_main
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
+from tests.dist.store import hosted_port
 from tests.dist.workers import train_several
 from tests.sft_data import HELD_OUT, shift, shift_records, write_tokenizer
 from train.data.batches import IGNORE_INDEX, load_micro_batch
@@ -63,7 +63,7 @@ def test_a_tiny_model_learns_the_pattern_and_sample_chat_answers_held_out_prompt
 
 
 def _spawn(tmp_path: Path, world: int, runs: dict[str, list[str]]) -> dict[str, dict[int, float]]:
-    mp.spawn(train_several, args=(world, free_port(), str(tmp_path), runs), nprocs=world)
+    mp.spawn(train_several, args=(world, hosted_port(world), str(tmp_path), runs), nprocs=world)
     return {name: torch.load(tmp_path / name / "losses_rank0.pt") for name in runs}
 
 

@@ -21,8 +21,8 @@ import torch
 import torch.multiprocessing as mp
 
 from launcher import status
-from launcher.run.local import free_port
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
+from tests.dist.store import hosted_port
 from train.step import TRACE_SAMPLES_ENV
 
 pytestmark = pytest.mark.dist
@@ -238,7 +238,7 @@ def skip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def test_skip_leaves_every_ranks_weights_as_they_were_and_training_goes_on(tmp_path: Path) -> None:
-    mp.spawn(skip_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(skip_worker, args=(2, hosted_port(2), str(tmp_path)), nprocs=2)
     for rank in range(2):
         before, after = (torch.load(tmp_path / f"rank{rank}_before_step{s}.pt") for s in (NAN_STEP, NAN_STEP + 1))
         assert torch.equal(before, after)

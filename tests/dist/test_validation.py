@@ -15,14 +15,14 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from launcher.compose import compose_and_plan
 from contract.errors import EXIT_STOPPED
-from launcher.run.local import free_port
-from tests.conftest import hq, launch, read_metrics
-from tests.dist.workers import train_and_dump_full_model
-from train.model.build import build_model, logits_of
-from train.data.synthetic import SyntheticTokens
 from contract.rules.eval_sets import HELD_OUT_START
+from launcher.compose import compose_and_plan
+from tests.conftest import hq, launch, read_metrics
+from tests.dist.store import hosted_port
+from tests.dist.workers import train_and_dump_full_model
+from train.data.synthetic import SyntheticTokens
+from train.model.build import build_model, logits_of
 
 pytestmark = pytest.mark.dist
 
@@ -42,7 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, layout in LAYOUTS.items():
         configs[f"{name}-eval"] = [*COMMON, *layout, *EVAL]
         configs[f"{name}-plain"] = [*COMMON, *layout]
-    mp.spawn(train_and_dump_full_model, args=(2, free_port(), str(out), configs), nprocs=2)
+    mp.spawn(train_and_dump_full_model, args=(2, hosted_port(2), str(out), configs), nprocs=2)
     return out
 
 

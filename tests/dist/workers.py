@@ -14,7 +14,8 @@ from train.loop import train
 
 def _join(rank: int, world: int, port: int) -> distributed.DistEnv:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local")
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local",
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # the test process hosts the store (tests/dist/store.py)
     torch.set_num_threads(1)
     env = distributed.detect()
     distributed.init_process_group(env, "gloo")

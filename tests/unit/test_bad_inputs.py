@@ -36,6 +36,7 @@ class Case:
     expect: str  # in the one error line: what is wrong and the fix
     env: dict[str, str] = field(default_factory=dict)
     absent: str = ""  # must not be in the error line (a misleading suggestion)
+    timeout: float = 300  # seconds: a refusal that takes longer fails the case
 
 
 BYO = ("--config-dir", "conf")
@@ -53,6 +54,9 @@ CASES = [
     Case("watchdog-factor", ("watchdog.factor=0.5",), "set watchdog.factor to a value at least 1"),
     Case("global-batch", ("trainer.global_batch_size=20", "local.nproc=2"), "pick a global batch that is a multiple "
                                                                           "of 16"),
+    # A typo's size is refused as not fitting at once, not after walking a million layers' parameters (the generous
+    # limit only tells a refusal from a hang; it is no timing).
+    Case("layers-typo", ("model.n_layers=1000000",), "model=tiny with strategy=ddp does not fit: ", timeout=60),
     Case("heads-divide", ("model.d_model=65",), "model.d_model=65 is not divisible by model.n_heads=4"),
     # -- mixture of experts and expert parallelism ----------------------------------------------------------------
     Case("ep-experts", ("model=moe_tiny", "parallel.ep=3", "local.nproc=3"),
@@ -363,9 +367,9 @@ def _run(case: Case, base: Path, real_process: bool = False) -> Outcome:
     env.pop("WANDB_MODE", None)  # the credential cases log online; nothing else gets that far
     if real_process:
         out = subprocess.run([sys.executable, "-m", "launcher", *args], cwd=project, env=env, capture_output=True,
-                             text=True, timeout=300)
+                             text=True, timeout=case.timeout)
     else:
-        out = run_module("launcher", args, cwd=project, env=env, timeout=300)
+        out = run_module("launcher", args, cwd=project, env=env, timeout=case.timeout)
     after = _snapshot(project)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     return Outcome(out.returncode, out.stderr, changed)

@@ -19,8 +19,8 @@ def test_every_shell_block_is_marked(page: Path) -> None:
 
 
 def test_readme_links_resolve() -> None:
-    """Every relative link of the README names a file of the repository or a page or figure the site's build
-    generates (docs/reference/config.md, docs/generated/loss.png: launcher/docs/site.py)."""
+    """Every relative link of the README names a file of the repository (the reference pages are committed) or a
+    figure the site's build generates (docs/generated/loss.png: launcher/docs/site.py)."""
     text = (ROOT / "README.md").read_text()
     links = [t.split("#", 1)[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:|#", t)]
     generated = {f"docs/{path}" for path in generated_paths()}

@@ -92,3 +92,25 @@ def test_every_command_and_flag_is_in_the_command_reference() -> None:
         for action in build_parser(module)._actions:
             for flag in action.option_strings:
                 assert flag in page, f"{module} {flag}"
+
+
+def test_the_committed_reference_pages_are_a_fresh_generation() -> None:
+    """docs/reference/*.md are committed so that links work in a checkout; a key or flag added without
+    regenerating them fails here, with the one command that writes them."""
+    from launcher.docs.site import DOCS, PAGES, REGENERATE, stale_pages, stale_words
+
+    stale = stale_pages()
+    assert stale == [], stale_words(stale)
+    assert REGENERATE == "make reference" and "reference:" in (DOCS.parent / "Makefile").read_text()
+    assert all(path in stale_words([path]) and REGENERATE in stale_words([path]) for path in PAGES)
+
+
+def test_a_stale_page_is_found(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from launcher.docs.site import PAGES, stale_pages
+
+    for path, render in PAGES.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(render())
+    assert stale_pages(tmp_path) == []
+    (tmp_path / "reference/config.md").write_text("# old\n")
+    assert stale_pages(tmp_path) == ["docs/reference/config.md"]

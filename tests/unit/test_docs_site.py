@@ -33,3 +33,9 @@ def test_a_failed_showcase_run_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(showcase, "RUN", ["trainer.max_steps=0"])
     with pytest.raises(showcase.ShowcaseFailed, match=r"`.* -m launcher trainer.max_steps=0` exited 2:\n.*error: "):
         showcase.make_showcase()
+
+
+def test_a_stale_reference_page_fails_the_build_naming_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mkdocs_hooks, "stale_pages", lambda: ["docs/reference/config.md"])
+    with pytest.raises(PluginError, match=r"docs/reference/config.md differ from a fresh generation .*`make reference`"):
+        mkdocs_hooks.on_files(None, None)  # type: ignore[arg-type]

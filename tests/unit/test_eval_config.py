@@ -62,3 +62,19 @@ def test_the_plan_says_when_and_on_what_validation_runs(tmp_path) -> None:
                      "per set; a: the synthetic stream's held-out samples (seed 3)"]
     _, quiet = compose_and_plan([f"run.root={tmp_path}"])
     assert not any(line.startswith("validation:") for line in quiet.data_lines)
+
+
+def test_at_start_alone_validates_at_step_0_and_the_plan_says_nothing_validates_later(tmp_path) -> None:
+    """eval.at_start=true without eval.every: the step-0 pass a user asks for to check imported weights."""
+    from tests.unit.test_validator_cache import _validator
+
+    cfg, plan = compose_and_plan([f"run.root={tmp_path}", "eval.at_start=true", "eval.batches=2",
+                                  "trainer.micro_batch_size=4", "data.seq_len=16"])
+    lines = [line for line in plan.data_lines if line.startswith("validation:")]
+    assert lines == ["validation: at step 0 only (eval.at_start=true; eval.every=0, so nothing validates later), 2 "
+                     "batches of 4 samples (128 tokens) per set; val: the synthetic stream's held-out samples (seed "
+                     f"{int(cfg.data.seed)})"]
+    validator, _ = _validator(["eval.every=0", "eval.at_start=true", "trainer.max_steps=6"])
+    assert list(validator.sets) == ["val"]
+    assert [step for step in range(7) if validator.due(step)] == [0]
+    assert validator.due_at_start(0, tmp_path)

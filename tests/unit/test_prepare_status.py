@@ -123,3 +123,22 @@ def test_watch_and_a_damaged_plan(prepared: Path, slurm: FakeSlurm, monkeypatch:
     assert status.main([str(prepared)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "--overwrite" in err
+
+
+def test_a_folder_of_prepared_datasets_has_one_row_each(prepared: Path, slurm: FakeSlurm,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`launcher.status corpus/` on a folder of datasets: one row per dataset, as for a folder of runs."""
+    import shutil
+
+    corpus = prepared.parent / "corpus_out"
+    shutil.copytree(prepared, corpus / "books")
+    shutil.copytree(prepared, corpus / "web")
+    (corpus / "web" / mf.MANIFEST).unlink()  # stopped before the end
+    (corpus / "notes").mkdir()  # not a dataset: no row
+    assert status.main([str(corpus), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["name"], r["kind"], r["state"]) for r in rows] == [("books", "prepared dataset", "complete"),
+                                                                  ("web", "prepared dataset", "incomplete-resumable")]
+    text = _text(corpus, capsys)
+    assert "books" in text and "web" in text and "incomplete-resumable" in text
+    assert f"web: tokenizer {rows[1]['tokenizer']}; next: " in text

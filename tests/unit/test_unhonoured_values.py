@@ -13,7 +13,6 @@ CASES = [
      "stability.enabled=false"),
     (["stability.enabled=false", "stability.nonfinite=stop"], "stability.nonfinite=stop has no effect with "
      "stability.enabled=false"),
-    (["eval.at_start=true"], "eval.at_start=true evaluates at step 0 of a run that validates: set eval.every=N"),
     (["eval.sets.x.kind=synthetic"], "eval.sets.x is never evaluated: validation is off (eval.every=0)"),
     (["optim.schedule=wsd", "optim.decay_start_step=50", "optim.decay_fraction=0.1", "trainer.max_steps=100"],
      "optim.decay_fraction=0.1 has no effect with optim.decay_start_step=50"),
@@ -31,6 +30,7 @@ def test_a_value_that_would_do_nothing_is_refused(tmp_path, overrides: list[str]
 @pytest.mark.parametrize("overrides", [
     ["stability.enabled=false"],
     ["eval.every=5", "eval.at_start=true", "eval.sets.x.kind=synthetic"],
+    ["eval.at_start=true", "eval.sets.x.kind=synthetic"],  # step 0 alone: the check of imported weights
     ["optim.schedule=wsd", "optim.decay_start_step=50", "trainer.max_steps=100"],
     ["optim.schedule=wsd", "optim.decay_fraction=0.1"],
 ])

@@ -18,7 +18,8 @@ from contract.rundir import eval_results
 # variables may leak into the evaluation job (its srun would read them).
 INHERITED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SUBMITIT_", "TORCHELASTIC_")
 INHERITED_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                             "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "SLURMTRAIN_LOG_FILE"})
+                             "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "SLURMTRAIN_LOG_FILE",
+                             "SLURMTRAIN_STORE_FD"})
 KEPT = frozenset({"SLURM_CONF"})  # where the SLURM client finds its cluster
 
 

@@ -19,8 +19,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from contract.rules.eval_jobs import jobs_enabled
-from contract.rules.eval_sets import HELD_OUT_START, enabled, eval_section, repeat_warning, resolved_sets
+from contract.rules.eval_sets import (
+    HELD_OUT_START,
+    enabled,
+    eval_section,
+    repeat_warning,
+    resolved_sets,
+    validates,
+)
 from contract.rules.harness import tasks as harness_tasks
 from contract.rundir import validation_log
 from train.data.batches import IGNORE_INDEX, forward_kwargs, planned_micro_batches
@@ -79,7 +85,7 @@ class Validator:
     launcher.evaluate's, whether or not the run validates). eval.harness.tasks are scored in the same pass."""
 
     def __init__(self, cfg: Any, strategy: Any, device: torch.device, always: bool = False) -> None:
-        active = always or enabled(cfg) or jobs_enabled(cfg)
+        active = always or validates(cfg)  # eval.at_start alone: step 0 only
         self.every = int(eval_section(cfg).every) if enabled(cfg) else 0
         self.at_start = bool(eval_section(cfg).at_start) if active else False
         self.max_steps = int(cfg.trainer.max_steps)
