@@ -21,3 +21,7 @@ directory through the contract (contract/) and never imports launcher/.
     faults/        preemption, signals, hangs (watchdog), unexpected failures and requeue
     observe/       logs, metrics and wandb; telemetry (MFU, stragglers, profiles); measured memory
 """
+
+from train.observe import quiet as _quiet
+
+_quiet.import_notices()  # before any import of torchao (transformers imports it when installed): see quiet.py

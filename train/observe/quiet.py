@@ -78,3 +78,33 @@ def harness_notices() -> None:
 
 def _no_revision(*_: Any) -> None:
     return None
+
+
+# torchao (the fp8 extra) logs at import that its compiled extras for other Python builds or for sm_90a kernels
+# ("Failed to load .../_C_mxfp8...so", "_C_cutlass_90a.abi3.so") and Triton are missing; transformers imports it
+# whenever it is installed, so every Hugging Face path printed them. precision=fp8 uses torchao's float8 linear
+# layers through torch._scaled_mm, none of those extras; on a machine without an sm_90 GPU fp8 is refused first.
+TORCHAO_EXTRAS = ("Failed to load ", "Warning: Detected no triton")
+# torchao registers its enums as pytree constants, which torch 2.13 deprecates with a warning per enum at import:
+# a note to torchao's developers, not to a user.
+PYTREE_ENUM = "is an Enum subclass and is now natively supported by torch.compile"
+
+
+class _DropContaining(logging.Filter):
+    def __init__(self, part: str) -> None:
+        super().__init__()
+        self.part = part
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.part not in str(record.msg)
+
+
+def import_notices() -> None:
+    """At a process's start, before anything imports torchao: its loggers keep these filters (a filter acts on the
+    logger that makes the record, so each one is named)."""
+    for name in ("torchao", "torchao.kernel.intmm"):
+        for start in TORCHAO_EXTRAS:
+            _drop(name, start)
+    target = logging.getLogger("torch.utils._pytree")
+    if not any(isinstance(f, _DropContaining) for f in target.filters):
+        target.addFilter(_DropContaining(PYTREE_ENUM))
