@@ -16,10 +16,13 @@ BAD = [
     (["optim.lr=interval(1,1e-5)", "eval.every=5"], "an empty interval"),
     (["optim.lr=tag(log,interval(1e-5,1))", "search.pruner=asha"], "set eval.every=N"),
     (["optim.lr=tag(log,interval(1e-5,1))", "eval.every=5", "search.n_trials=0"], "search.n_trials=0"),
+    (["optim.warmup_steps=interval(0,10)", "eval.every=5"],
+     "optim.warmup_steps is an integer and interval() samples floats: search it with range(0,11)"),
 ]
 
 
-@pytest.mark.parametrize(("args", "words"), BAD, ids=["unknown key", "empty interval", "no eval.every", "no trials"])
+@pytest.mark.parametrize(("args", "words"), BAD, ids=["unknown key", "empty interval", "no eval.every", "no trials",
+                                                          "interval of an int"])
 def test_bad_input_is_one_line_exit_2_and_nothing_created(tmp_path: Path, args: list[str], words: str) -> None:
     root = tmp_path / "runs"
     out = launch("-m", "hydra/sweeper=search", *args, f"run.root={hq(root)}", "+cluster=local_slurm", cwd=tmp_path)
