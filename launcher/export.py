@@ -87,9 +87,14 @@ def refuse_sweep_dir(path: Path) -> None:
     if search_layout.is_search_dir(path):
         from launcher.sweeps.search_status import collect
 
-        best = collect(path).best
-        which = (f"the best so far is trial {best.number}: {best.run_dir}" if best is not None and best.run_dir
-                 else "none is complete yet")
+        try:
+            best = collect(path).best
+        except Exception:  # noqa: BLE001 - a study we can't read (an RDB out of reach): the refusal still stands
+            best, which = None, "its study can't be read here"
+        else:
+            which = "none is complete yet"
+        if best is not None and best.run_dir:
+            which = f"the best so far is trial {best.number}: {best.run_dir}"
         raise ConfigError(f"{path} is a search directory, not a run: pass one of its trials' run directories "
                           f"({which}; {status})")
     if is_sweep_dir(path):
