@@ -56,7 +56,18 @@ def _compose_once() -> None:
     Hydra.get_mode = get_mode  # type: ignore[method-assign]
 
 
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def multirun_first(argv: list[str]) -> list[str]:
+    """`-m` (`--multirun`) anywhere on the line, as typed after the overrides: argparse takes Hydra's flags only
+    before them (else "unrecognized arguments", a usage over several lines), so it moves to the front."""
+    flags = [a for a in argv if a in MULTIRUN_FLAGS]
+    return flags + [a for a in argv if a not in MULTIRUN_FLAGS] if flags else argv
+
+
 def main() -> None:
+    sys.argv[1:] = multirun_first(sys.argv[1:])
     if any(arg.startswith(("+remote=", "remote=", "remote.")) for arg in sys.argv[1:]):
         from launcher.run.remote.launch import forward
 

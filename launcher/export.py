@@ -53,6 +53,7 @@ def pick_checkpoint(run_dir: Path, step: int | None, best: bool = False) -> layo
     naming the fix) when there is none such."""
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a directory: pass a run directory (RUN_ROOT/RUN_NAME)")
+    refuse_sweep_dir(run_dir)
     if best:
         if step is not None:
             raise ConfigError(f"--best and the checkpoint of step {step} both choose one: drop one of them (pass the "
@@ -72,6 +73,33 @@ def pick_checkpoint(run_dir: Path, step: int | None, best: bool = False) -> layo
         have = [c.step for c in layout.list_checkpoints(run_dir) if c.complete]
         raise ConfigError(f"{run_dir} has no complete checkpoint at step {step}: pick one of {have or 'none'}")
     return chosen
+
+
+def refuse_sweep_dir(path: Path) -> None:
+    """A sweep or search directory holds runs, not checkpoints: refuse it naming the run directories to pass (a
+    search's best trial so far)."""
+    import shlex
+
+    from contract.search import layout as search_layout
+    from launcher.sweeps.sweepdir import is_sweep_dir
+
+    status = f"`python -m launcher.status {shlex.quote(str(path))}` lists them"
+    if search_layout.is_search_dir(path):
+        from launcher.sweeps.search_status import collect
+
+        try:
+            best = collect(path).best
+        except Exception:  # noqa: BLE001 - a study we can't read (an RDB out of reach): the refusal still stands
+            best, which = None, "its study can't be read here"
+        else:
+            which = "none is complete yet"
+        if best is not None and best.run_dir:
+            which = f"the best so far is trial {best.number}: {best.run_dir}"
+        raise ConfigError(f"{path} is a search directory, not a run: pass one of its trials' run directories "
+                          f"({which}; {status})")
+    if is_sweep_dir(path):
+        raise ConfigError(f"{path} is a sweep directory, not a run: pass one of its points' run directories "
+                          f"({status})")
 
 
 def output_path(run_dir: Path, step: int, fmt: str, out: str | None) -> Path:

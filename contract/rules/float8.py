@@ -40,8 +40,21 @@ def linear_shapes(m: Any) -> dict[str, tuple[int, int]]:
 
 
 def float8_params_per_block(m: Any) -> int:
-    """Parameters of one block that run in float8 (the weights of its converted linear layers)."""
-    return sum(i * o for i, o in linear_shapes(m).values())
+    """Parameters of one block that run in float8 (the weights of its converted linear layers), on average over the
+    blocks: in a mixture of experts' layers only the attention and the shared experts' MLP are converted (the
+    routed experts are no linear layers, the router stays fp32: train/model/float8.py)."""
+    from contract.rules.moe_shape import moe_layer_numbers, moe_of
+
+    shapes = linear_shapes(m)
+    attention = sum(i * o for name, (i, o) in shapes.items() if name.startswith("attn."))
+    mlp = sum(i * o for name, (i, o) in shapes.items() if name.startswith("mlp."))
+    moe = moe_of(m)
+    if moe is None:
+        return attention + mlp
+    n = int(m.n_layers)
+    routed = len(moe_layer_numbers(m))
+    shared = int(moe.get("shared_experts", 0) or 0)
+    return attention + round(mlp * ((n - routed) + shared * routed) / n)
 
 
 def config_refusal(cfg: Any) -> str | None:
@@ -124,7 +137,12 @@ def plan_line(cfg: Any) -> str:
     share = float8_flops_per_token(m) / max(1.0, _total_flops(m, int(cfg.data.seq_len)))
     recipe = str(cfg.precision.get("float8_recipe", "tensorwise"))
     gather = ", all-gathered in float8 by FSDP2" if fp8_all_gather(cfg) else ""
-    return (f"precision fp8: each block's {len(linear_shapes(m))} linear layers in float8 via torchao ({recipe} "
+    from contract.rules.moe_shape import moe_of
+
+    layers = (f"each block's {len(linear_shapes(m))} linear layers" if moe_of(m) is None else
+              "the attention's linear layers and the dense and shared-expert MLPs (not the routed experts nor the "
+              "router)")
+    return (f"precision fp8: {layers} in float8 via torchao ({recipe} "
             f"scaling{gather}), {share:.0%} of the FLOPs; attention, the output layer and the rest in bf16; master "
             "weights and optimizer state fp32; MFU counts each FLOP at its own peak")
 

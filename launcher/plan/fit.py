@@ -166,10 +166,13 @@ def candidates(cfg: DictConfig, world: int, has_gpus: bool) -> tuple[list[str], 
     """Strategy names to try, in strategy=auto's order, and why the others cannot be used here."""
     names, skipped = [], []
     model_parallel = int(cfg.parallel.tp) * int(cfg.parallel.pp) * int(cfg.parallel.get("cp", 1)) > 1
+    expert_parallel = int(cfg.parallel.get("ep", 1)) > 1  # DeepSpeed's strategies are refused with it too
     for name in AUTO_SINGLE if world == 1 and not model_parallel else AUTO_MULTI:
         why_not = unavailable(name, cfg, has_gpus)
         if model_parallel and name.split("+")[0] not in COMPOSABLE:
             why_not = "does not compose with parallel.tp/pp/cp"
+        elif expert_parallel and name.split("+")[0] not in COMPOSABLE:
+            why_not = "parallel.ep needs a torch strategy"
         if why_not:
             skipped.append(f"{name}: {why_not}")
         elif not (cfg.strategy.activation_checkpointing and not name.endswith("+ac")):

@@ -7,6 +7,7 @@ kept, trials left running by workers that are gone are resumed first (contract/s
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import subprocess
@@ -43,7 +44,10 @@ def _run(launcher: SweepLauncher, config: DictConfig, arguments: list[str]) -> i
     space = parse(arguments)
     sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser().resolve()
     first = [override(k, v[0]) for k, v in space.corners.items()]
-    base = _load(launcher, space.fixed + first)
+    try:
+        base = _load(launcher, space.fixed + first)
+    except ConfigError as err:
+        raise ConfigError(_interval_of_an_int(space, str(err))) from None
     s = base.search
     _check_settings(base, space)
     if s.sampler == "grid":
@@ -85,6 +89,16 @@ def _run(launcher: SweepLauncher, config: DictConfig, arguments: list[str]) -> i
     search_submit.preflight(base, sweep_dir)
     _create(sweep_dir, spec, base)
     return search_submit.submit_workers(sweep_dir, spec, base)
+
+
+def _interval_of_an_int(space: Space, message: str) -> str:
+    """Hydra's interval() is always floats: on an integer key, name range() instead of the first trial's 0.0."""
+    for key, p in space.params.items():
+        if p["type"] == "float" and message.startswith(f"{key}=") and "converted to Integer" in message:
+            low, high = math.ceil(p["low"]), math.floor(p["high"])
+            return (f"{key} is an integer and interval() samples floats: search it with range({low},{high + 1}) "
+                    f"(the integers {low} to {high}) or choice(...)")
+    return message
 
 
 def _load(launcher: SweepLauncher, overrides: list[str]) -> DictConfig:

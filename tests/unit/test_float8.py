@@ -93,3 +93,40 @@ def test_a_dry_run_for_an_h100_cluster_plans_fp8_from_a_machine_without_gpus(tmp
     plan = json.loads((tmp_path / "fp8" / "plan.json").read_text())
     assert 989.0 < plan["budget"]["peak_tflops"] < 1979.0
     assert any(line.startswith("loss: chunked") for line in plan["step"])
+
+
+def test_a_mixture_of_experts_router_stays_out_of_float8() -> None:
+    """The router is computed in fp32 (train/model/moe.py): with 16 experts its dimensions divide by 16, and it must
+    still not become a Float8Linear (nor be all-gathered in float8); the attention and shared expert's layers do."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from train.model.build import build_model
+    from train.model.float8 import convert
+
+    moe = {"num_experts": 16, "top_k": 2, "capacity_factor": 0.0, "shared_experts": 1, "aux_loss_coef": 0.01,
+           "z_loss_coef": 0.001, "every": 1}
+    cfg = _cfg(moe=moe)
+    model = build_model(cfg.model)
+    converted = convert(model, cfg, torch.device("cpu"), emulate=True)
+    routers = [name for name, m in model.named_modules() if name.endswith(".router")]
+    assert routers and not any(isinstance(model.get_submodule(name), Float8Linear) for name in routers)
+    assert converted == 2 * (4 + 3)  # q k v out, and the shared expert's gate up down, per block
+
+
+@pytest.mark.parametrize(("every", "shared"), [(1, 0), (2, 1)])
+def test_the_plans_float8_share_of_a_mixture_of_experts_is_what_convert_converts(every: int, shared: int) -> None:
+    """The plan's float8 parameters (its FLOP share, MFU peak and memory) count what train/model/float8.py converts:
+    the attention and the dense and shared MLPs, never the routed experts (no linear layers) nor the router."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from train.model.build import build_model
+    from train.model.float8 import convert
+
+    moe = {"num_experts": 16, "top_k": 2, "capacity_factor": 0.0, "shared_experts": shared, "aux_loss_coef": 0.01,
+           "z_loss_coef": 0.001, "every": every}
+    cfg = _cfg(moe=moe)
+    model = build_model(cfg.model)
+    convert(model, cfg, torch.device("cpu"), emulate=True)
+    converted = sum(m.weight.numel() for m in model.modules() if isinstance(m, Float8Linear))
+    assert float8.float8_params_per_block(cfg.model) * cfg.model.n_layers == converted
+    assert "not the routed experts" in float8.plan_line(OmegaConf.merge(cfg, {"data": {"seq_len": 64}}))

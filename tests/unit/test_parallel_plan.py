@@ -98,3 +98,14 @@ def test_tensor_parallelism_across_nodes_can_be_forced_and_says_so() -> None:
     _, plan = compose_and_plan([*H100X64, *FITS, "parallel.tp=16", "parallel.allow_cross_node_tp=true",
                                 "model.n_kv_heads=16"])
     assert "(tensor parallelism spans nodes: forced)" in plan.layout_lines[0]
+
+
+def test_expert_parallelism_is_never_fitted_to_a_deepspeed_strategy() -> None:
+    """parallel.ep>1 refuses DeepSpeed (launcher/plan/moe_plan.py): strategy=auto must not pick zero3_offload for
+    it, nor may a refusal that does not fit name it as the fix."""
+    mixtral = ["+cluster=h100x8", "model=mixtral_8x7b", "parallel.ep=8", "launcher.dry_run=true"]
+    _, auto = compose_and_plan([*mixtral, "strategy=auto"])
+    assert "no strategy fits" in auto.refusal and "use strategy=fsdp" in auto.refusal, auto.refusal
+    _, fsdp = compose_and_plan([*mixtral, "strategy=fsdp", "strategy.activation_checkpointing=true",
+                                "trainer.micro_batch_size=1"])
+    assert "use cluster.nodes=2" in fsdp.refusal and "zero" not in fsdp.refusal, fsdp.refusal

@@ -16,10 +16,13 @@ BAD = [
     (["optim.lr=interval(1,1e-5)", "eval.every=5"], "an empty interval"),
     (["optim.lr=tag(log,interval(1e-5,1))", "search.pruner=asha"], "set eval.every=N"),
     (["optim.lr=tag(log,interval(1e-5,1))", "eval.every=5", "search.n_trials=0"], "search.n_trials=0"),
+    (["optim.warmup_steps=interval(0,10)", "eval.every=5"],
+     "optim.warmup_steps is an integer and interval() samples floats: search it with range(0,11)"),
 ]
 
 
-@pytest.mark.parametrize(("args", "words"), BAD, ids=["unknown key", "empty interval", "no eval.every", "no trials"])
+@pytest.mark.parametrize(("args", "words"), BAD, ids=["unknown key", "empty interval", "no eval.every", "no trials",
+                                                          "interval of an int"])
 def test_bad_input_is_one_line_exit_2_and_nothing_created(tmp_path: Path, args: list[str], words: str) -> None:
     root = tmp_path / "runs"
     out = launch("-m", "hydra/sweeper=search", *args, f"run.root={hq(root)}", "+cluster=local_slurm", cwd=tmp_path)
@@ -107,3 +110,42 @@ def test_an_rdb_storage_keeps_two_searches_apart(tmp_path: Path) -> None:
     names = optuna.get_all_study_names(url)
     assert len(names) == 2 and all(name.startswith("lr-") for name in names)
     assert all(len(optuna.load_study(study_name=name, storage=url).trials) == 1 for name in names)
+
+
+def test_export_of_a_sweep_or_search_directory_names_the_run_directories(tmp_path: Path) -> None:
+    """`launcher.export SWEEP_DIR` (and sample, evaluate): a search directory is refused naming its best trial's run
+    directory, a grid sweep's naming where its points are; not 'has no complete checkpoint: train it first'."""
+    import time
+
+    import optuna
+
+    from contract.search import layout
+    from contract.search.optuna_objects import create_study
+    from launcher.export import pick_checkpoint
+    from launcher.sweeps.sweepdir import Point, Sweep, save_sweep
+
+    search_dir = tmp_path / "sweeps" / "lr"
+    spec = layout.SearchSpec(
+        study_name=layout.study_name(search_dir), storage="", params={}, overrides=[], metric="val/val/loss",
+        higher_is_better=False, pruner={"name": "none", "min_resource": 5}, sampler={"name": "random", "seed": 0},
+        n_trials=2, parallel=1, max_gpu_hours=None, timeout=None, max_steps=30, ranks=1, cwd=str(tmp_path),
+        command="", created=time.time())
+    search_dir.mkdir(parents=True)
+    layout.save_spec(search_dir, spec)
+    study = create_study(search_dir, spec)
+    with pytest.raises(ConfigError, match="is a search directory, not a run: .*none is complete yet"):
+        pick_checkpoint(search_dir, None)
+    dist = optuna.distributions.FloatDistribution(1e-4, 1e-1)
+    for number, value in enumerate((3.5, 2.5)):
+        study.add_trial(optuna.trial.create_trial(
+            params={"optim.lr": 1e-3}, distributions={"optim.lr": dist}, value=value,
+            user_attrs={"run_dir": str(layout.trial_dir(search_dir, number))}))
+    with pytest.raises(ConfigError, match=r"the best so far is trial 1: .*trial_0001") as err:
+        pick_checkpoint(search_dir, None, best=True)
+    assert "train it first" not in str(err.value)
+
+    grid_dir = tmp_path / "sweeps" / "grid"
+    save_sweep(grid_dir, Sweep(name="grid", command="", swept=["optim.lr"],
+                               points=[Point(index=0, overrides=["optim.lr=1e-3"], run_dir=str(tmp_path / "p0"))]))
+    with pytest.raises(ConfigError, match="is a sweep directory, not a run: pass one of its points' run directories"):
+        pick_checkpoint(grid_dir, 5)

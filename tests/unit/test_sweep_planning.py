@@ -83,3 +83,12 @@ def test_plain_select_reads_what_omegaconf_select_reads(overrides: list[str]) ->
             assert plain_select(data, key, fallback) == OmegaConf.select(cfg, key, default=fallback), key
     for key in ("model", "model.nope.deeper", "trainer.seed", "cluster.nodes", "data.seq_len"):
         assert plain_select(data, key) == OmegaConf.select(cfg, key), key
+
+
+def test_multirun_flag_after_the_overrides_is_a_sweep(tmp_path: Path) -> None:
+    """`python -m launcher trainer.max_steps=3 -m optim.lr=1e-3,3e-3`: -m typed after an override sweeps as it does
+    first on the line, rather than argparse's "unrecognized arguments" over several lines."""
+    out = launch("trainer.max_steps=3", "-m", "optim.lr=1e-3,3e-3", "launcher.dry_run=true",
+                 f"run.root={hq(tmp_path / 'runs')}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "sweep point 1 (optim.lr=0.003)" in out.stderr and "dry run: nothing run for sweep" in out.stderr
