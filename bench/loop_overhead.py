@@ -54,9 +54,9 @@ def _init_single_process() -> Any:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       SLURMTRAIN_LAUNCHER="local")
     if "MASTER_PORT" not in os.environ:
-        from launcher.run.local import free_port
+        from bench.ports import hosted_port
 
-        os.environ["MASTER_PORT"] = str(free_port())
+        os.environ["MASTER_PORT"] = str(hosted_port(1))
     env = distributed.detect()
     distributed.init_process_group(env, "gloo")
     return env
@@ -224,10 +224,10 @@ def run_ddp(plan: dict[str, tuple[int, int]]) -> dict[str, Any]:
     """Every case on DDP_WORLD ranks: ratio ours / bare DDP, the median over the adjacent pairs."""
     import torch.multiprocessing as mp
 
-    from launcher.run.local import free_port
+    from bench.ports import hosted_port
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_ddp_worker, args=(DDP_WORLD, free_port(), tmp, plan), nprocs=DDP_WORLD)
+        mp.spawn(_ddp_worker, args=(DDP_WORLD, hosted_port(DDP_WORLD), tmp, plan), nprocs=DDP_WORLD)
         times = json.loads((Path(tmp) / "ddp_times.json").read_text())
     out = {}
     for name, t in times.items():

@@ -105,12 +105,12 @@ def run_cpu(quick: bool = False) -> dict[str, Any]:
     import torch
     import torch.multiprocessing as mp
 
-    from launcher.run.local import free_port
+    from bench.ports import hosted_port
 
     runs = {name: spec for name, spec in CPU_RUNS.items() if not quick or name in QUICK_RUNS}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_cpu_worker, args=(WORLD, free_port(), tmp, runs), nprocs=WORLD)
+        mp.spawn(_cpu_worker, args=(WORLD, hosted_port(WORLD), tmp, runs), nprocs=WORLD)
         per_rank = [json.loads((Path(tmp) / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
     rows = [_cpu_row(name, overrides, component, [r[name][component] for r in per_rank])
             for name, (overrides, components) in runs.items() for component in components]

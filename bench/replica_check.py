@@ -80,12 +80,12 @@ def _worker(rank: int, world: int, port: int, out_dir: str, plan: dict[str, int]
 def run(quick: bool = False) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
+    from bench.ports import hosted_port
     from contract.config.schema import StabilityConfig
-    from launcher.run.local import free_port
 
     every = StabilityConfig.replica_check_every
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(DDP_WORLD, free_port(), tmp, QUICK if quick else FULL), nprocs=DDP_WORLD)
+        mp.spawn(_worker, args=(DDP_WORLD, hosted_port(DDP_WORLD), tmp, QUICK if quick else FULL), nprocs=DDP_WORLD)
         measured = json.loads((Path(tmp) / "times.json").read_text())
     cases = {}
     for name, m in measured.items():

@@ -108,7 +108,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str, plan: dict[str, 
 def run(quick: bool = False) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from launcher.run.local import free_port
+    from bench.ports import hosted_port
     from train import distributed
 
     plan, ddp_plan = (QUICK, QUICK) if quick else (FULL, DDP_FULL)
@@ -119,7 +119,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             cases = {name: _pairs(name, *plan[name], env, Path(tmp)) for name in plan}
         finally:
             distributed.destroy_process_group()
-        mp.spawn(_ddp_worker, args=(DDP_WORLD, free_port(), tmp, ddp_plan), nprocs=DDP_WORLD)
+        mp.spawn(_ddp_worker, args=(DDP_WORLD, hosted_port(DDP_WORLD), tmp, ddp_plan), nprocs=DDP_WORLD)
         ddp_times = json.loads((Path(tmp) / "times.json").read_text())
     ddp = {name: {"world_size": DDP_WORLD, **_summary(t, *ddp_plan[name])} for name, t in ddp_times.items()}
     for case in cases.values():

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from bench.ports import hosted_port
 from contract.rundir.metrics_file import read_file
 from launcher.compose import compose_and_plan
-from launcher.run.local import free_port
 from train import distributed
 from train.loop import train
 from train.observe.telemetry import StepTimer, Telemetry
@@ -106,7 +106,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     order = [on for pair in range(pairs) for on in ((True, False) if pair % 2 == 0 else (False, True))]
     runs = [(f"{'on' if on else 'off'}{i}", on) for i, on in enumerate(order)]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(WORLD, free_port(), tmp, runs, steps), nprocs=WORLD)
+        mp.spawn(_worker, args=(WORLD, hosted_port(WORLD), tmp, runs, steps), nprocs=WORLD)
         per_run = {name: statistics.median(step_times(Path(tmp) / name / "metrics.jsonl")) for name, _ in runs}
         collects = [json.loads((Path(tmp) / name / "collect.json").read_text()) for name, on in runs if on]
     collect_s = sum(c["collect_s"] for c in collects) / sum(c["collects"] for c in collects)

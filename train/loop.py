@@ -156,7 +156,9 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
     gc_control = GcControl(getattr(t, "gc_every", TrainerConfig.gc_every))  # a config.yaml from before the key
     try:
         prefetcher = start_prefetch(source, state, cfg, strategy, device, stability)
+        collected = time.perf_counter()
         gc_control.start()  # set-up is done: freeze what it made, collect every trainer.gc_every steps from here
+        metrics.exclude(time.perf_counter() - collected)  # that collection is set-up, not the first row's throughput
         while state.step < t.max_steps:
             watchdog.step_started(state.step + 1)
             sync_count.step_begins(state.step + 1)  # a no-op unless a test or benchmark counts the host reads

@@ -111,9 +111,12 @@ class WorkerGroup:
         self.store_socket: socket.socket | None = None
 
     def start(self) -> None:
-        self.store_socket = listening_socket()
-        port = int(self.store_socket.getsockname()[1])
-        listen_fd = self.store_socket.fileno()
+        # One process meets nobody: no socket is held for it. Port 0 lets a store that torch makes anyway (FSDP's
+        # device mesh on one rank initialises a process group) bind a port the OS picks as it binds; a socket held
+        # here on the port it reads would be in use (EADDRINUSE).
+        self.store_socket = listening_socket() if self.nproc > 1 else None
+        port = int(self.store_socket.getsockname()[1]) if self.store_socket is not None else 0
+        listen_fd = self.store_socket.fileno() if self.store_socket is not None else -1
         cmd = [sys.executable, "-m", "launcher.worker", "--config", str(self.config_path)]
         for rank in range(self.nproc):
             log_path = self.run_dir / "logs" / f"rank_{rank}.log"
@@ -121,12 +124,12 @@ class WorkerGroup:
             out = None if rank == 0 else log_path.open("ab")
             env = worker_env(rank, self.nproc, port, self.run_dir)
             env[environment.ENDING_DIR_ENV] = str(self.ending_dir)
-            if rank == 0:
+            if rank == 0 and listen_fd >= 0:
                 env[STORE_FD_ENV] = str(listen_fd)
             # Own session: the terminal's Ctrl-C reaches the launcher only, which decides what workers get.
             proc = subprocess.Popen(cmd, env=env, stdout=out,
                                     stderr=subprocess.STDOUT if out else None, start_new_session=True,
-                                    preexec_fn=_term_with_parent, pass_fds=(listen_fd,) if rank == 0 else ())
+                                    preexec_fn=_term_with_parent, pass_fds=(listen_fd,) if rank == 0 and listen_fd >= 0 else ())
             if out is not None:
                 out.close()
             self.procs.append(proc)

@@ -15,9 +15,9 @@ import torch.multiprocessing as mp
 
 from contract.errors import EXIT_STOPPED
 from launcher.prepare.__main__ import main as prepare_main
-from launcher.run.local import free_port
 from tests.conftest import ROOT, launcher_env, read_metrics
 from tests.dist.context_parallel_workers import MODELS, run_all
+from tests.dist.store import hosted_port
 from tests.forked_cli import run_module
 from tests.prepared_data import random_documents, write_prepared
 from tests.sft_data import shift_records, write_tokenizer
@@ -30,7 +30,7 @@ STEPS = ["trainer.max_steps=20", "trainer.ckpt_every=0", "precision=fp32", "trai
 
 
 def _spawn(root: Path, world: int, runs: dict[str, list[str]], logits: bool = False) -> dict[str, dict]:
-    mp.spawn(run_all, args=(world, free_port(), str(root), runs, logits), nprocs=world)
+    mp.spawn(run_all, args=(world, hosted_port(world), str(root), runs, logits), nprocs=world)
     return {name: torch.load(root / f"{name}.pt") for name in runs}
 
 

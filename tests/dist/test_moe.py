@@ -12,8 +12,8 @@ import torch
 import torch.multiprocessing as mp
 
 from contract.errors import EXIT_STOPPED
-from launcher.run.local import free_port
 from tests.conftest import hq, launch, read_metrics
+from tests.dist.store import hosted_port
 from tests.dist.workers import train_several
 
 pytestmark = pytest.mark.dist
@@ -99,7 +99,7 @@ def test_ep2_with_fsdp_or_hsdp_on_4_ranks_trains_to_the_losses_of_ep1(tmp_path: 
     common = [*COMMON, "strategy=fsdp", "trainer.micro_batch_size=4"]
     hsdp = [*COMMON, "strategy=hsdp", "strategy.replicate_degree=2", "trainer.micro_batch_size=4", "parallel.ep=2"]
     runs = {"ep1": common, "ep2": [*common, "parallel.ep=2"], "hsdp_ep2": hsdp}
-    mp.spawn(train_several, args=(4, free_port(), str(tmp_path), runs), nprocs=4)
+    mp.spawn(train_several, args=(4, hosted_port(4), str(tmp_path), runs), nprocs=4)
     one, *others = (torch.load(tmp_path / name / "losses_rank0.pt") for name in runs)
     assert sorted(one) == list(range(1, STEPS + 1))
     for two in others:

@@ -15,8 +15,8 @@ import pytest
 import torch.multiprocessing as mp
 
 from launcher.prepare.__main__ import main as prepare_main
-from launcher.run.local import free_port
 from tests.conftest import hq
+from tests.dist.store import hosted_port
 from tests.dist.sync_workers import REINSTATED, count_reads
 from tests.prepared_data import random_documents, write_prepared
 from tests.sft_data import shift_records, write_tokenizer
@@ -45,7 +45,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
 
 
 def _count(tmp_path: Path, world: int, runs: dict[str, list[str]]) -> dict[str, list[dict]]:
-    mp.spawn(count_reads, args=(world, free_port(), str(tmp_path), {n: [*COMMON, *o] for n, o in runs.items()}),
+    mp.spawn(count_reads, args=(world, hosted_port(world), str(tmp_path), {n: [*COMMON, *o] for n, o in runs.items()}),
              nprocs=world)
     return {name: [json.loads((tmp_path / name / f"reads_rank{r}.json").read_text()) for r in range(world)]
             for name in runs}

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launcher.run.local import free_port
+from tests.dist.store import hosted_port
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +29,8 @@ def run_guarded(rank: int, port: int, out_dir: str, overrides: list[str]) -> Non
     from train.observe.sync_count import SyncCounter
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local")
+                      MASTER_PORT=str(port), SLURMTRAIN_LAUNCHER="local",
+                      TORCHELASTIC_USE_AGENT_STORE="True")  # the test process hosts the store (tests/dist/store.py)
     env = distributed.detect()
     distributed.init_process_group(env, "nccl")
     device = distributed.device_for(env, "nccl")
@@ -50,6 +51,6 @@ def run_guarded(rank: int, port: int, out_dir: str, overrides: list[str]) -> Non
 ])
 def test_steady_steps_make_no_synchronising_cuda_call(name: str, overrides: list[str], tmp_path: Path) -> None:
     assert torch.cuda.is_available()
-    mp.spawn(run_guarded, args=(free_port(), str(tmp_path), overrides), nprocs=1)
+    mp.spawn(run_guarded, args=(hosted_port(1), str(tmp_path), overrides), nprocs=1)
     # the guard was armed over the steps it should be: a mark missing from the loop would leave fewer
     assert json.loads((tmp_path / "steady.json").read_text()) == [2, 3, 4, 6, 7], name

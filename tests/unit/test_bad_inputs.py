@@ -133,7 +133,7 @@ CASES = [
     # -- sweeps ---------------------------------------------------------------------------------------------------
     Case("sweep-point", ("-m", "local.nproc=2", "trainer.global_batch_size=16,20"),
          "sweep point 1 (trainer.global_batch_size=20)"),
-    Case("sweep-range", ("-m", "optim.lr=1e-3,-1"), "optim.lr=-1.0 is out of range"),
+    Case("sweep-range", ("-m", "optim.lr=1e-3,-1"), "optim.lr=-1 is out of range"),
     Case("sweep-name", ("-m", "trainer.seed=1,2", "launcher.sweep_name=a/b"), "launcher.sweep_name"),
     Case("sweep-same-dir", ("-m", "trainer.seed=1,2", "run.name=same"), "same"),
     Case("free-form-key", (*BYO, "model=conv_lm", "model.args.width=3"), "add it with +model.args.width=3"),

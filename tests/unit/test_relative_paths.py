@@ -64,8 +64,9 @@ def test_the_schema_declares_every_path_key() -> None:
                 out.add(f"{prefix}{f.name}")
         return out
 
-    # A key added later whose name says it is a path is declared one (schema.path_key), or this fails.
-    assert named_like_a_path(schema.Config) <= set(declared)
+    # A key added later whose name says it is a path is declared one (schema.path_key), or this fails. remote.workdir
+    # is a path on the login node (relative to the remote user's home), never resolved against this directory.
+    assert named_like_a_path(schema.Config) - {"remote.workdir"} <= set(declared)
 
 
 def test_every_path_key_is_made_absolute_against_the_launch_directory(

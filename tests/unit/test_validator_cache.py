@@ -46,7 +46,7 @@ def _validator(overrides: list[str]) -> tuple[Validator, torch.nn.Module]:
     cfg, _ = compose_and_plan([*COMMON, *overrides])
     torch.manual_seed(0)
     strategy = SimpleNamespace(dp_rank=0, dp_size=1, pipeline=None, env=SimpleNamespace(is_main=True),
-                               autocast=contextlib.nullcontext)
+                               autocast=contextlib.nullcontext, split_sequence=lambda *t: t)
     validator = Validator(cfg, strategy, torch.device("cpu"))
     for name, source in validator.sets.items():
         validator.sets[name] = CountingSource(source)
