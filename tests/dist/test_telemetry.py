@@ -44,9 +44,15 @@ def test_metrics_have_sane_telemetry_fields(run_root: Path) -> None:
         assert r["peak_mem_gib"] == max(r["rank_peak_mem_gib"]) > 0.05  # a Python process with torch loaded
         # Both ranks run here: one node whose throughput is the run's, and the TFLOP/s that throughput implies.
         assert list(r["tokens_per_s_by_node"]) == [HOST]
-        assert r["tokens_per_s_by_node"][HOST] == pytest.approx(r["tokens_per_s"], rel=0.15)
+        # The node's throughput is its ranks' step rates summed; the run's tokens_per_s is wall-clock time between
+        # rows, which also holds the log steps' work and, on a loaded machine, time the ranks wait descheduled: the
+        # node's figure is never far below it, and may be above it.
+        per_rank_step = cfg.trainer.micro_batch_size * cfg.trainer.grad_accum_steps * cfg.data.seq_len
+        rates = [per_rank_step / t for t in r["rank_step_time_s"]]
+        assert r["tokens_per_s_by_node"][HOST] == pytest.approx(sum(rates), rel=1e-6)
+        assert r["tokens_per_s_by_node"][HOST] >= 0.85 * r["tokens_per_s"]
         assert r["tflops"] > 0
-        assert r["tflops"] == pytest.approx(r["tokens_per_s"] / 2 * per_token / 1e12, rel=0.15)
+        assert r["tflops"] == pytest.approx(sum(rates) / 2 * per_token / 1e12, rel=1e-6)
         assert r["mfu"] == pytest.approx(r["tflops"] / 0.5)
         assert r["loss_scale"] > 0 and r["grad_norm"] > 0
         assert r["stragglers"] == []
