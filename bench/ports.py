@@ -6,11 +6,10 @@ the same for the tests)."""
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
 import torch.distributed as dist
 
-from train.distributed import AGENT_STORE_ENV
+from train.distributed import AGENT_STORE_ENV, hosted_store
 
 _KEPT: list[dist.TCPStore] = []
 
@@ -18,8 +17,7 @@ _KEPT: list[dist.TCPStore] = []
 def hosted_port(world: int) -> int:
     """The port of a new store for `world` ranks, held by this process; the ranks it spawns (which inherit its
     environment) join it as clients. A benchmark process runs nothing else, so the setting stays with it."""
-    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=300),
-                          wait_for_workers=False)
+    store = hosted_store(world)
     _KEPT.append(store)
     os.environ[AGENT_STORE_ENV] = "True"
     return int(store.port)

@@ -129,6 +129,14 @@ def rendezvous_store(env: DistEnv, timeout_s: int, environ: dict[str, str] | Non
                          is_master=env.rank == 0 and not hosted_elsewhere, timeout=timeout, wait_for_workers=False)
 
 
+def hosted_store(world: int, timeout_s: int = 300) -> dist.TCPStore:
+    """A store for `world` ranks hosted by this process on a port the OS gives it as it binds (port 0), as torchrun's
+    agent hosts one: the ranks join it as clients (AGENT_STORE_ENV). Tests and benchmarks that spawn ranks use it;
+    the store lives as long as the object does."""
+    return dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
 def nccl_env(cluster: Any, run_dir: Path) -> dict[str, str]:
     """torch's NCCL failure handling, from the cluster config: error handling, heartbeat, flight recorder."""
     env = {

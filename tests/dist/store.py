@@ -5,9 +5,9 @@ it again (EADDRINUSE under a loaded machine)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch.distributed as dist
+
+from train.distributed import hosted_store
 
 # The stores of the latest spawns, kept alive while their ranks may still use them (a store closes when collected).
 _KEPT: list[dist.TCPStore] = []
@@ -16,8 +16,7 @@ KEEP = 8
 
 def hosted_port(world: int) -> int:
     """The port of a new store for `world` ranks, held by this process."""
-    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(seconds=300),
-                          wait_for_workers=False)
+    store = hosted_store(world)
     _KEPT.append(store)
     del _KEPT[:-KEEP]
     return int(store.port)

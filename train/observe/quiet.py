@@ -31,18 +31,21 @@ DEEPSPEED_CPU = "Setting accelerator to CPU"
 
 
 class _DropMessage(logging.Filter):
-    def __init__(self, start: str) -> None:
+    """Drops the records whose message starts with `text` (or, `anywhere`, holds it)."""
+
+    def __init__(self, text: str, anywhere: bool = False) -> None:
         super().__init__()
-        self.start = start
+        self.text, self.anywhere = text, anywhere
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.start)
+        msg = str(record.msg)
+        return not (self.text in msg if self.anywhere else msg.startswith(self.text))
 
 
-def _drop(logger: str, start: str) -> None:
+def _drop(logger: str, text: str, anywhere: bool = False) -> None:
     target = logging.getLogger(logger)
-    if not any(isinstance(f, _DropMessage) and f.start == start for f in target.filters):
-        target.addFilter(_DropMessage(start))
+    if not any(isinstance(f, _DropMessage) and f.text == text for f in target.filters):
+        target.addFilter(_DropMessage(text, anywhere))
 
 
 def single_process_load() -> None:
@@ -90,21 +93,10 @@ TORCHAO_EXTRAS = ("Failed to load ", "Warning: Detected no triton")
 PYTREE_ENUM = "is an Enum subclass and is now natively supported by torch.compile"
 
 
-class _DropContaining(logging.Filter):
-    def __init__(self, part: str) -> None:
-        super().__init__()
-        self.part = part
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.part not in str(record.msg)
-
-
 def import_notices() -> None:
     """At a process's start, before anything imports torchao: its loggers keep these filters (a filter acts on the
     logger that makes the record, so each one is named)."""
     for name in ("torchao", "torchao.kernel.intmm"):
         for start in TORCHAO_EXTRAS:
             _drop(name, start)
-    target = logging.getLogger("torch.utils._pytree")
-    if not any(isinstance(f, _DropContaining) for f in target.filters):
-        target.addFilter(_DropContaining(PYTREE_ENUM))
+    _drop("torch.utils._pytree", PYTREE_ENUM, anywhere=True)
