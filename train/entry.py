@@ -100,8 +100,11 @@ def run(config_path: str | Path) -> int:
             end_if_environment(err, run_dir, env, watchdog.last_step, started)
         kept_off_terminal = log_failure(err)
         if not isinstance(err, KeyboardInterrupt):
-            recover(cfg, run_dir, "crashed", watchdog.last_step, env.node, err, started=started,
-                    is_main=env.is_main)
+            try:
+                recover(cfg, run_dir, "crashed", watchdog.last_step, env.node, err, started=started,
+                        is_main=env.is_main)
+            except OSError as unrecorded:  # the run directory went away (a peer says so) or takes no write
+                log.warning("the failure was not recorded in %s: %s", run_dir, unrecorded)
         if kept_off_terminal:
             raise SystemExit(1) from None  # an uncaught error would print its traceback on the terminal again
         raise

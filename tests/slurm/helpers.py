@@ -56,13 +56,23 @@ def logged_steps(run_dir: Path) -> int:
     return len(read_metrics(run_dir))
 
 
+def release_requeued(job_id: str, timeout: float = 120) -> None:
+    """Start a job that requeued itself now, as an operator would, instead of at its BeginTime. slurmd refuses a
+    credential issued in the same whole second as its job's revocation ("Job credential revoked": the job ends
+    FAILED), and SLURM's own begin-time delay is what normally avoids that: so release in a later second than the
+    one in which the job was seen PENDING (squeue shows COMPLETING until the node has let the old attempt go)."""
+    poll(lambda: squeue_state(job_id) == "PENDING", timeout, f"job {job_id} to be requeued")
+    settled = int(time.time()) + 1
+    poll(lambda: time.time() >= settled, 5, "the next second", interval=0.1)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+
+
 def preempt_and_release(job_id: str, run_dir: Path) -> str:
     """USR1 to every rank once the run logged 5 steps; the job checkpoints and requeues itself and waits for its
     BeginTime, so release it as an operator would. Returns the job's final state."""
     poll(lambda: logged_steps(run_dir) >= 5, 180, "training to start")
     subprocess.run(["scancel", "--signal=USR1", "--full", job_id], check=True)
-    poll(lambda: squeue_state(job_id) == "PENDING", 120, "the job to be requeued")
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+    release_requeued(job_id)
     return wait_terminal(job_id, timeout=300)
 
 

@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests import doc_examples as d
 from tests.conftest import ROOT
-from tests.slurm.remote_helpers import require_login_node
+from tests.slurm.remote_helpers import SSHD_DIR, require_login_node
 
 pytestmark = pytest.mark.slurm
 
@@ -21,4 +22,7 @@ SLURM_PAGES = [p for p in d.pages() if d.runnable(p, (d.SLURM,))]
 def test_page_examples_run_on_the_cluster(page: Path) -> None:
     if page.name == "remote.md":  # through the local login node too (make sshd-up)
         require_login_node()
+        # The page's run lives on the test login node, which outlives a suite: a copy left by an earlier tree (other
+        # settings) would be refused as a different run, as it would be for a user.
+        shutil.rmtree(SSHD_DIR / "work" / "outputs" / "from_laptop", ignore_errors=True)
     d.run_blocks(d.runnable(page, (d.RUN, d.SLURM)), timeout=900)

@@ -17,7 +17,15 @@ import pytest
 
 from contract.rundir.events import read_events
 from tests.conftest import hq, launch, launcher_env, read_metrics
-from tests.slurm.helpers import logged_steps, poll, sacct_state, squeue_state, submitted_job_id, wait_terminal
+from tests.slurm.helpers import (
+    logged_steps,
+    poll,
+    release_requeued,
+    sacct_state,
+    squeue_state,
+    submitted_job_id,
+    wait_terminal,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -84,6 +92,8 @@ def _start_when_pending(job_id: str, events: int, run_dir: Path, excluded: int) 
     if excluded:
         poll(lambda: len(_hostnames(_excluded(job_id))) >= excluded if _excluded(job_id) != "(null)" else False, 60,
              f"{excluded} host(s) to be left out")
+
+    release_requeued(job_id, 180)
 
     def started() -> bool:
         # Until the requeue has settled SLURM may set its begin time again: repeat until the job leaves PENDING.

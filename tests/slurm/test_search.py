@@ -93,7 +93,7 @@ def test_scancel_then_the_same_command_continues_the_study(run_root: Path) -> No
 def test_usr1_to_a_worker_requeues_it_and_it_resumes_its_trial(run_root: Path) -> None:
     """A preemption signal to the worker's task: the trial checkpoints, the worker requeues its task, and the task,
     started again, resumes that same trial from its checkpoint (reporting no value twice)."""
-    from tests.slurm.helpers import squeue_state, wait_terminal
+    from tests.slurm.helpers import release_requeued, wait_terminal
 
     args = [*COMMON, *TRIAL, "optim.lr=tag(log,interval(1e-3,1e-2))", "search.n_trials=1", "search.parallel=1",
             f"run.root={hq(run_root)}", "launcher.sweep_name=preempted"]
@@ -104,8 +104,7 @@ def test_usr1_to_a_worker_requeues_it_and_it_resumes_its_trial(run_root: Path) -
     poll(lambda: (c := ckpt_layout.latest_complete_checkpoint(run_dir)) is not None and c.step >= 10, 300,
          "the trial's first checkpoint", interval=0.2)
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
-    poll(lambda: squeue_state(job) == "PENDING", 120, "the worker to requeue itself")
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
+    release_requeued(job)
     assert wait_terminal(job, timeout=300) == "COMPLETED"
     sweep_dir = run_root / "sweeps" / "preempted"
     [trial] = trials(sweep_dir)

@@ -16,7 +16,7 @@ import pytest
 from launcher.observe import figures
 from launcher.sweeps.sweepdir import Sweep, load_sweep
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
-from tests.slurm.helpers import logged_steps, poll, squeue_state, wait_terminal
+from tests.slurm.helpers import logged_steps, poll, release_requeued, squeue_state, wait_terminal
 
 pytestmark = pytest.mark.slurm
 
@@ -169,8 +169,7 @@ def test_preempt_one_task_cancel_two_and_resume_the_sweep(run_root: Path) -> Non
     for i in (2, 3):
         poll(lambda i=i: newest_checkpoint(runs[i]) >= 20, 240, f"task {i}'s first checkpoint")
         subprocess.run(["scancel", tasks[i]], check=True)
-    poll(lambda: squeue_state(tasks[1]) == "PENDING", 180, "task 1 to be requeued")
-    subprocess.run(["scontrol", "update", f"jobid={tasks[1]}", "StartTime=now"], check=True)
+    release_requeued(tasks[1], timeout=180)
     for i in (0, 1):
         assert wait_terminal(tasks[i], timeout=400) == "COMPLETED"
     for i in (2, 3):
