@@ -1,7 +1,7 @@
 """An evaluation job (train/evaluation/job.py, the entry `python -m launcher.worker --evaluate RUN_DIR STEP` runs)
-on gloo CPU ranks rather than through SLURM: it loads only the model weights of a ddp, an fsdp and a zero2 training
-checkpoint, on the training's world size and on another, and its per-set losses equal the in-loop validation of the
-same step. It never reads the optimizer state (DCP: every entry it asks the checkpoint's files for is the model's;
+on gloo CPU ranks rather than through SLURM: it loads only the model weights of a ddp, an fsdp, a zero2 and a
+tensor-parallel training checkpoint, on the training's world size and on another, and its per-set losses equal the
+in-loop validation of the same step. It never reads the optimizer state (DCP: every entry it asks the checkpoint's files for is the model's;
 DeepSpeed: the optimizer's files are moved away before it runs) and builds no optimizer."""
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ COMMON = ["model.d_model=32", "model.n_layers=1", "model.ffn_hidden=64", "data.s
           "trainer.global_batch_size=8", f"trainer.max_steps={STEPS}", f"trainer.ckpt_every={EVERY}",
           f"eval.every={EVERY}", "eval.batches=2", "eval.sets.held.kind=synthetic", "eval.sets.other.kind=synthetic",
           "eval.sets.other.seed=7"]
-STRATEGIES = ["ddp", "fsdp", "zero2"]
+STRATEGIES = ["ddp", "fsdp", "zero2", "tp2"]
+# A tensor-parallel training, evaluated on its own 2 ranks (tp=2) and on 1 (the whole model: fewer ranks than shards).
+OVERRIDES = {"tp2": ["strategy=fsdp", "parallel.tp=2", "model.tie_embeddings=false"]}
 # (job ranks, step): the training's 2 ranks at the first checkpoint, 1 rank at the last.
 JOBS = [(2, EVERY), (1, STEPS)]
 
@@ -82,7 +84,7 @@ def run_jobs(rank: int, world: int, ports: list[int], run_dirs: list[str], step:
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("eval_job_load")
-    runs = {s: [f"strategy={s}", *COMMON] for s in STRATEGIES}
+    runs = {s: [*OVERRIDES.get(s, [f"strategy={s}"]), *COMMON] for s in STRATEGIES}
     mp.spawn(train_several, args=(2, hosted_port(2), str(out), runs), nprocs=2)
     moved = {}
     for step in (EVERY, STEPS):  # the job must not need them: away they go

@@ -42,6 +42,9 @@ def for_world(cfg: Any, world_size: int) -> None:
     t = cfg.trainer
     with open_dict(cfg):  # forward only: whole sequences on each rank (a checkpoint loads onto any layout)
         cfg.parallel.cp = 1
+        if world_size % (int(cfg.parallel.tp) * int(cfg.parallel.pp)):
+            # Fewer ranks than the training's model shards (one process, say): the whole model on each rank.
+            cfg.parallel.tp = cfg.parallel.pp = 1
     dp = world_size // (int(cfg.parallel.tp) * int(cfg.parallel.pp))
     per_step = int(t.micro_batch_size) * dp
     if dp < 1 or int(t.global_batch_size) % per_step:
