@@ -12,11 +12,9 @@ whose check does not fit in memory). Writes to RUN_DIR/export/ unless --out says
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,17 +113,12 @@ WRITABLE_FIX = "pass --out PATH in a directory you can write (with room for the 
 
 
 def check_writable(path: Path) -> None:
-    """Refuse a path that can't be written before the checkpoint is read: its nearest existing parent must be a
-    directory this user can create entries in (probed with a temporary directory, removed at once)."""
-    base = path.parent
-    while not base.exists() and base != base.parent:
-        base = base.parent
-    if not base.is_dir():
-        raise ConfigError(f"cannot write {path} ({base} is not a directory): {WRITABLE_FIX}")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".export-check-", dir=base))
-    except OSError as err:
-        raise ConfigError(f"cannot write {path} ({err.strerror} in {base}): {WRITABLE_FIX}") from None
+    """Refuse a path that can't be written before the checkpoint is read."""
+    from launcher.checks.paths import unwritable
+
+    why = unwritable(path.parent)
+    if why is not None:
+        raise ConfigError(f"cannot write {path} ({why}): {WRITABLE_FIX}")
 
 
 def _is_write_error(err: Exception) -> bool:

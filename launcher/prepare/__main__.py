@@ -228,6 +228,26 @@ def _sft_line(sft: Mapping[str, Any]) -> str:
     return f"supervised fine-tuning records: {how}; a loss mask beside the tokens counts only the responses"
 
 
+def _check_writable(out: Path, tokenizer_dir: Path | None) -> None:
+    """--out (and the directory a tokenizer is trained into) can be written: refused before anything is read,
+    trained or created."""
+    from launcher.checks.paths import unwritable
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: give a directory for the prepared dataset")
+    why = unwritable(out)
+    if why is not None:
+        raise ConfigError(f"--out {out} can't be written ({why}): give --out a directory you can write")
+    if tokenizer_dir is not None:
+        if tokenizer_dir.exists() and not tokenizer_dir.is_dir():
+            raise ConfigError(f"--tokenizer {tokenizer_dir} is a file: --train-tokenizer saves a tokenizer directory "
+                              "there; give a directory")
+        why = unwritable(tokenizer_dir)
+        if why is not None:
+            raise ConfigError(f"--tokenizer {tokenizer_dir} can't be written ({why}): --train-tokenizer saves the "
+                              "tokenizer there; give a directory you can write")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv, cluster, cluster_overrides = _split_cluster(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
@@ -263,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             from launcher.prepare import train_tokenizer
 
             trained = train_tokenizer.check_request(args.train_tokenizer, args.tokenizer, args.chat_template, sft)
+        _check_writable(out, trained[1] if trained is not None else None)
         inputs = resolve_inputs(args.inputs, out, options.filters)
         if trained is not None:
             check_columns(inputs, options.read)

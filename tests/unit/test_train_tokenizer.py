@@ -72,6 +72,12 @@ def test_the_same_command_again_keeps_the_tokenizer_and_a_run_trains_on_it(train
     (["--train-tokenizer", "bpe:300", "--tokenizer", "{root}/taken"], "taken exists and holds no tokenizer trained"),
     (["--train-tokenizer", "bpe:300", "--prompt-field", "p", "--response-field", "r"],
      "--train-tokenizer trains on plain text"),
+    # Paths that can't be written: refused before a tokenizer is trained or anything is created.
+    (["--out", "{root}/corpus/a.txt/ds"], "corpus/a.txt is not a directory): give --out a directory you can write"),
+    (["--train-tokenizer", "bpe:300", "--out", "{root}/corpus/a.txt/ds"], "--out"),
+    (["--out", "{root}/corpus/a.txt"], "is a file: give a directory for the prepared dataset"),
+    (["--train-tokenizer", "bpe:300", "--tokenizer", "{root}/corpus/a.txt/tok"], "--train-tokenizer saves the"),
+    (["--train-tokenizer", "bpe:300", "--tokenizer", "{root}/corpus/a.txt"], "is a file: --train-tokenizer saves"),
 ])
 def test_bad_combinations_are_one_line_and_create_nothing(tmp_path: Path, args: list[str], words: str) -> None:
     (tmp_path / "corpus").mkdir()
