@@ -38,7 +38,7 @@ class MoEConfig:
 class ModelConfig:
     # The model's name: set by the group option (model=tiny), never typed.
     name: str = MISSING
-    # Token ids the embedding holds (a prepared dataset's manifest sets it for data=tokens).
+    # Token ids the embedding holds; with data=tokens, at least the prepared data's vocabulary (a launch says which).
     vocab_size: int = num(256, 1)
     # Hidden size: the width of the residual stream.
     d_model: int = num(64, 1)
