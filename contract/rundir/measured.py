@@ -54,10 +54,14 @@ class Best:
     ranking: Ranking
     kept: int
     measured: int
+    complete: int = 0  # complete checkpoints, measured or not (0: as many as `kept`)
 
     def describe(self) -> str:
         among = f"the best of {self.kept} measured checkpoint{'s' if self.kept != 1 else ''}"
-        if self.measured > self.kept:
+        if self.complete > self.kept:  # some kept checkpoints have no measurement of this metric
+            among = (f"the best of the {self.kept} measured of {self.complete} kept checkpoints; {self.measured} "
+                     f"step{'s' if self.measured != 1 else ''} measured")
+        elif self.measured > self.kept:
             among = (f"the best of the {self.kept} kept checkpoint{'s' if self.kept != 1 else ''}; {self.measured} "
                      "steps measured")
         return f"step {self.checkpoint.step}, {self.ranking.metric} {self.value:.4f} ({self.ranking.direction}; {among})"
@@ -67,11 +71,12 @@ def best_checkpoint(run_dir: Path, ranking: Ranking) -> Best | None:
     """The complete checkpoint whose step has the best finite value of the metric (a tie: the earliest); None when
     no complete checkpoint's step was measured."""
     measured = values(run_dir, ranking.metric)
-    complete = {c.step: c for c in layout.list_checkpoints(run_dir) if c.complete and c.step in measured}
+    kept = [c for c in layout.list_checkpoints(run_dir) if c.complete]
+    complete = {c.step: c for c in kept if c.step in measured}
     step = ranking.best({s: measured[s] for s in complete})
     if step is None:
         return None
-    return Best(complete[step], measured[step], ranking, len(complete), len(measured))
+    return Best(complete[step], measured[step], ranking, len(complete), len(measured), len(kept))
 
 
 def kept_for_best(run_dir: Path, ranking: Ranking | None) -> set[int]:

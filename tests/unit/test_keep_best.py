@@ -123,6 +123,11 @@ def test_best_picks_the_measured_best_and_names_it(tmp_path: Path, capsys: pytes
     assert pick_checkpoint(pruned, None, best=True).step == 20
     assert capsys.readouterr().err.endswith("val/val/loss 2.0000 (lower is better; the best of the 3 kept "
                                             "checkpoints; 6 steps measured)\n")
+    # Two kept, one of them measured (it said "the best of the 1 kept checkpoint; 2 steps measured").
+    half = fake_run(tmp_path / "h", (15, 20), keep_best="val/val/loss", val__val__loss={10: 5.0, 20: 4.0})
+    assert pick_checkpoint(half, None, best=True).step == 20
+    assert capsys.readouterr().err.endswith("val/val/loss 4.0000 (lower is better; the best of the 1 measured of 2 "
+                                            "kept checkpoints; 2 steps measured)\n")
     plain = fake_run(tmp_path / "p", (10, 20, 30), val__val__loss={10: 2.0, 20: 3.0, 30: 4.0})
     assert pick_checkpoint(plain, None, best=True).step == 10  # no keep_best: the first validation set's loss
     assert "by the first validation set's loss: step 10, val/val/loss 2.0000" in capsys.readouterr().err
