@@ -46,15 +46,16 @@ def first_validation_loss(run_dir: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Best:
-    """The complete checkpoint whose step measured best, among the `kept` complete checkpoints with a value; the
-    run measured `measured` steps in all (retention removed the checkpoints of some, others had none)."""
+    """The complete checkpoint whose step measured best, among the `kept` complete checkpoints with a value (of
+    `complete` in all); the run measured `measured` steps in all (retention removed the checkpoints of some, others
+    had none)."""
 
     checkpoint: layout.CheckpointDir
     value: float
     ranking: Ranking
     kept: int
     measured: int
-    complete: int = 0  # complete checkpoints, measured or not (0: as many as `kept`)
+    complete: int  # complete checkpoints, measured or not
 
     def describe(self) -> str:
         among = f"the best of {self.kept} measured checkpoint{'s' if self.kept != 1 else ''}"
@@ -71,12 +72,12 @@ def best_checkpoint(run_dir: Path, ranking: Ranking) -> Best | None:
     """The complete checkpoint whose step has the best finite value of the metric (a tie: the earliest); None when
     no complete checkpoint's step was measured."""
     measured = values(run_dir, ranking.metric)
-    kept = [c for c in layout.list_checkpoints(run_dir) if c.complete]
-    complete = {c.step: c for c in kept if c.step in measured}
-    step = ranking.best({s: measured[s] for s in complete})
+    complete = [c for c in layout.list_checkpoints(run_dir) if c.complete]
+    scored = {c.step: c for c in complete if c.step in measured}
+    step = ranking.best({s: measured[s] for s in scored})
     if step is None:
         return None
-    return Best(complete[step], measured[step], ranking, len(complete), len(measured), len(kept))
+    return Best(scored[step], measured[step], ranking, len(scored), len(measured), len(complete))
 
 
 def kept_for_best(run_dir: Path, ranking: Ranking | None) -> set[int]:

@@ -232,9 +232,9 @@ def _check_writable(out: Path, tokenizer_dir: Path | None) -> None:
     """--out (and the directory a tokenizer is trained into) can be written: refused before anything is read,
     trained or created."""
     from launcher.checks.paths import unwritable
+    from launcher.prepare.run import refuse_a_file
 
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file: give a directory for the prepared dataset")
+    refuse_a_file(out)
     why = unwritable(out)
     if why is not None:
         raise ConfigError(f"--out {out} can't be written ({why}): give --out a directory you can write")

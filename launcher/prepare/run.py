@@ -43,14 +43,18 @@ def _nothing_kept(out: Path) -> bool:
     return not (out / MANIFEST).exists() and not any((out / PARTS).glob("[0-9]*.json"))
 
 
+def refuse_a_file(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: give a directory for the prepared dataset")
+
+
 @contextmanager
 def claimed(plan: Plan, overwrite: bool) -> Iterator[Created]:
     """Hold `plan.out` for this plan: create it, or resume it (the same plan), or with --overwrite replace another
     preparation; refuse a directory holding something else, or one that another preparation is writing (here or
     as SLURM jobs). The directory is locked for the block; a ConfigError raised in it undoes what this run wrote."""
     out = Path(plan.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file: give a directory for the prepared dataset")
+    refuse_a_file(out)
     created = Created()
     if not out.exists():
         top = out

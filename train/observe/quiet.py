@@ -5,8 +5,12 @@ own modules), says why it is harmless here, and lets everything else through.
 
 from __future__ import annotations
 
+import io
 import logging
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+from functools import partial
 from typing import Any
 
 # torch.distributed.checkpoint warns whenever it loads without a process group. launcher.export, launcher.sample
@@ -64,13 +68,26 @@ def deepspeed_cpu_notice() -> None:
     _drop("DeepSpeed", DEEPSPEED_CPU)
 
 
+@contextmanager
+def deepspeed_consolidation() -> Iterator[Any]:
+    """Around DeepSpeed's zero_to_fp32 (the module, yielded): its consolidation prints its progress on standard
+    output (the checkpoint, its ZeRO stage and world size, the parameters reconstructed) and draws progress bars
+    over the shards on stderr, and its import says it picked the CPU accelerator. Notices, not results, which
+    would mix with a command's own output (an export prints its path there); a failure still raises."""
+    deepspeed_cpu_notice()  # before the import: DeepSpeed's logger keeps the filter
+    import deepspeed.utils.zero_to_fp32 as zero_to_fp32
+    from tqdm import tqdm
+
+    zero_to_fp32.tqdm = partial(tqdm, disable=True)
+    with redirect_stdout(io.StringIO()):
+        yield zero_to_fp32
+
+
 def harness_notices() -> None:
     """lm_eval's own output that says nothing about the scores: `fatal: not a git repository` (simple_evaluate
     runs `git describe` in the working directory to record a revision in its results, which we do not keep: only
     results["results"] is read) and the progress bar of building each task's requests (TQDM_DISABLE comes too late
     once tqdm is imported; the ranks' log says what is evaluated)."""
-    from functools import partial
-
     import lm_eval.api.task as task_module
     import lm_eval.evaluator as evaluator
     from tqdm import tqdm

@@ -51,19 +51,8 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def load_deepspeed_model(step_dir: Path) -> dict[str, torch.Tensor]:
-    """A DeepSpeed checkpoint's whole model (export, sample, init_from). DeepSpeed's consolidation prints its
-    progress on standard output (the checkpoint, its ZeRO stage and world size, the parameters reconstructed), and
-    its import says it picked the CPU accelerator: notices, not results, which would mix with a command's own
-    output (an export prints its path there). A failure still raises."""
-    import contextlib
-    import io
-    from functools import partial
-
-    quiet.deepspeed_cpu_notice()  # before the import: DeepSpeed's logger keeps the filter
-    import deepspeed.utils.zero_to_fp32 as zero_to_fp32
-
-    zero_to_fp32.tqdm = partial(zero_to_fp32.tqdm, disable=True)  # its progress bars over the shards, on stderr
-    with contextlib.redirect_stdout(io.StringIO()):
+    """A DeepSpeed checkpoint's whole model (export, sample, init_from), without DeepSpeed's notices."""
+    with quiet.deepspeed_consolidation() as zero_to_fp32:
         state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag="model_optim")
     return {clean_key(k): v for k, v in state.items()}
 
