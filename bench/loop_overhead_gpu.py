@@ -20,17 +20,19 @@ from __future__ import annotations
 import statistics
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.loop_overhead import LOG_EVERY, bare
 
+# In the order they matter (a run cut short by make gpu-check's time budget keeps the first rows).
 GPU_CASES = {
-    "gpt2_124m mb8": ["model=gpt2_124m", "precision=bf16"],
     "gpt2_350m mb8": ["model=gpt2_350m", "precision=bf16"],
-    "gpt2_350m mb16": ["model=gpt2_350m", "precision=bf16", "trainer.micro_batch_size=16"],
     "llama3_1b mb8": ["model=llama3_1b", "precision=bf16"],
     "llama3_1b mb8 fp8": ["model=llama3_1b", "precision=fp8"],
+    "gpt2_350m mb16": ["model=gpt2_350m", "precision=bf16", "trainer.micro_batch_size=16"],
+    "gpt2_124m mb8": ["model=gpt2_124m", "precision=bf16"],
 }
 GPU_COMMON = ["strategy=ddp", "strategy.compile=true", "data.seq_len=1024", "trainer.micro_batch_size=8",
               "local.nproc=1", "logger.backend=none", "trainer.ckpt_every=0", f"trainer.log_every={LOG_EVERY}",
@@ -99,8 +101,14 @@ def _peak(table: dict[str, float], name: str) -> float | None:
     return next((tf for key, tf in table.items() if key in name), None)
 
 
-def run_gpu(steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
-    """Every row of GPU_CASES: ours against bare, alternating in pairs, on cuda:0."""
+def run_gpu(steps: int, pairs: int, env: Any, tmp: Path, *, deadline: float | None = None,
+            on_row: Callable[[dict[str, Any]], None] | None = None, cases: list[str] | None = None) -> dict[str, Any]:
+    """The rows of GPU_CASES (those named in `cases`, or all): ours against bare, alternating in pairs, on cuda:0.
+    With a deadline
+    (time.monotonic()), rows not started by then are left out and named under "not_run"; on_row sees the result
+    after each row."""
+    import time
+
     import torch
 
     from bench.telemetry_overhead import step_times
@@ -115,6 +123,11 @@ def run_gpu(steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
     peak, peak_fp8 = _peak(PEAK_BF16_TFLOPS, name), _peak(PEAK_FP8_TFLOPS, name)
     out: dict[str, Any] = {"device": name, "peak_bf16_tflops": peak, "peak_fp8_tflops": peak_fp8}
     for case, overrides in GPU_CASES.items():
+        if cases is not None and case not in cases:
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            out.setdefault("not_run", []).append(case)
+            continue
         config = [*GPU_COMMON, *overrides, f"trainer.max_steps={steps}"]
         cfg, _ = compose_and_plan(config)
         flops, _ = flops_per_token(build_model(cfg.model), cfg.model, cfg.data.seq_len)
@@ -150,6 +163,8 @@ def run_gpu(steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
             mixed = effective_peak(flops, float8_flops_per_token(cfg.model), peak_fp8, peak)
             row["mfu_ours_mixed_peak"] = round(tps["ours"] * flops / (mixed * 1e12), 4)
         out[case] = row
+        if on_row is not None:
+            on_row(out)
     bf16, fp8 = out.get("llama3_1b mb8"), out.get("llama3_1b mb8 fp8")
     if bf16 and fp8:
         out["fp8_speedup"] = {"value": round(fp8["tokens_per_s_ours"] / bf16["tokens_per_s_ours"], 4),
@@ -174,6 +189,8 @@ def report_lines(gpu: dict[str, Any]) -> list[str]:
         lines.append(f"  {name} on {gpu['device']}: {c['tokens_per_s_ours']:.0f} vs {c['tokens_per_s_bare']:.0f} "
                      f"tokens/s = {c['ratio']:.3f}x (target >= {c['target_ratio']}: {verdict}){mfu}; "
                      f"{c['syncs_per_steady_step']:g} syncs per steady step")
+    if gpu.get("not_run"):
+        lines.append(f"  not run (make gpu-check's time budget): {', '.join(gpu['not_run'])}")
     if "fp8_speedup" in gpu:
         s = gpu["fp8_speedup"]
         lines.append(f"  llama3_1b fp8 / bf16 tokens/s: {s['value']:.3f}x (target >= {s['target']})")
