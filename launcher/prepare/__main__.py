@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="INPUT",
         help="files, directories (searched recursively) or globs: text, JSON Lines (.jsonl/.ndjson/"
         ".json) or Parquet (.parquet); .gz, .zst, .bz2 and .xz are read as they are; binary files found in a "
-        "directory or by a glob are skipped (one named is refused)",
+        "directory or by a glob are skipped, and so are compressed ones that can't be read to their end (one "
+        "named is refused)",
     )
     p.add_argument(
         "--include",
@@ -67,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict",
         action="store_true",
         help="stop at a file found in a directory or by a glob whose first record is not in its extension's format "
-        "(a .json or .json.gz that is not JSON Lines, a .parquet that is not Parquet), naming every --exclude "
+        "(a .json or .json.gz that is not JSON Lines, a .parquet that is not Parquet) or whose compressed stream "
+        "can't be read to its end, naming every --exclude "
         "needed; default: skip it (counted in the summary and the manifest), as binary files are",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="the prepared dataset directory")

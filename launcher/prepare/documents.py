@@ -12,6 +12,7 @@ from typing import IO, Any
 
 from launcher.prepare.inputs import (
     BINARY,
+    DAMAGED,
     NOT_JSONL,
     NOT_PARQUET,
     NOT_UTF8,
@@ -26,6 +27,7 @@ from launcher.prepare.inputs import (
     _open,
     _read_errors,
     binary_why,
+    exclude_literal,
     format_pattern,
 )
 
@@ -61,12 +63,23 @@ def _parquet_file(file: InputFile):  # -> pyarrow.parquet.ParquetFile
 
 def check_formats(files: list[InputFile], options: ReadOptions) -> None:
     """--strict: refuse, before anything is written, the files found whose first record is not in their
-    extension's format, naming every --exclude they need (one run, not one try per pattern)."""
+    extension's format or whose compressed stream can't be read to its end, naming every --exclude they need (one
+    run, not one try per pattern)."""
     if not options.strict:
         return
     misfits: list[tuple[InputFile, str]] = []
+    damaged: list[tuple[InputFile, str]] = []
     for file in files:
-        if file.named or file.kind != "jsonl":
+        if file.named:
+            continue
+        if file.compression and file.kind != "parquet":
+            try:
+                binary_why(file)
+                _whole_stream_is_utf8(file)
+            except _unreadable() as err:
+                damaged.append((file, str(err) if isinstance(err, BadInput) else _first_line(err)))
+                continue
+        if file.kind != "jsonl":
             continue
         try:
             next(iter(read_documents(file, options)), None)
@@ -74,12 +87,20 @@ def check_formats(files: list[InputFile], options: ReadOptions) -> None:
             misfits.append((file, str(err)))
         except (BadInput, Skipped):
             pass  # refused or skipped when its task reads it, as without --strict
+    if not misfits and not damaged:
+        return
+    patterns = list(dict.fromkeys([*(format_pattern(file) for file, _ in misfits),
+                                   *(exclude_literal(file) for file, _ in damaged)]))
+    first = (misfits or damaged)[0][1].split(": fix the line")[0].split(": name the text")[0].split(": replace it")[0]
+    what = []
     if misfits:
-        patterns = list(dict.fromkeys(format_pattern(file) for file, _ in misfits))
-        first = misfits[0][1].split(": fix the line")[0].split(": name the text")[0]
-        count = f"{len(misfits)} files found are" if len(misfits) > 1 else "1 file found is"
-        raise BadInput(f"{first}; {count} not JSON Lines: leave them out with "
-                       f"{' '.join(f'--exclude {p}' for p in patterns)}, or drop --strict to skip such files")
+        what.append(f"{len(misfits)} files found are not JSON Lines" if len(misfits) > 1
+                    else "1 file found is not JSON Lines")
+    if damaged:
+        what.append(f"{len(damaged)} compressed files found can't be read" if len(damaged) > 1
+                    else "1 compressed file found can't be read")
+    raise BadInput(f"{first}; {' and '.join(what)}: leave them out with "
+                   f"{' '.join(f'--exclude {p}' for p in patterns)}, or drop --strict to skip such files")
 
 
 def read_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
@@ -96,14 +117,23 @@ def read_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
         return
     errors = options.errors_for(file)
     try:
-        why = binary_why(file)
+        try:
+            why = binary_why(file)
+            line_by_line = file.kind == "jsonl" or options.text_per_line
+            check_utf8 = errors == "skip" and line_by_line
+            # checked whole first, so that a file is read whole or not at all: its UTF-8 when its encoding errors
+            # are skipped, and a found file's compressed stream to its end (a truncated .gz fails only there)
+            if why is None and (check_utf8 or (file.compression and options.skips_misfit(file))):
+                if not _whole_stream_is_utf8(file) and check_utf8:
+                    raise Skipped(NOT_UTF8)
+        except _unreadable():
+            if options.skips_misfit(file):
+                raise Skipped(DAMAGED) from None
+            raise
         if why is not None:
             if file.named:
                 raise _binary(file, why)
             raise Skipped(BINARY)
-        line_by_line = file.kind == "jsonl" or options.text_per_line
-        if errors == "skip" and line_by_line and not _is_utf8(file):
-            raise Skipped(NOT_UTF8)  # checked whole first: a file is read whole or not at all
         decode = "replace" if errors == "replace" else "strict"
         with _open(file) as raw:
             if file.kind == "jsonl":
@@ -129,16 +159,29 @@ def read_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
         raise BadInput(f"cannot read {file.path} ({_first_line(err)}): replace it or {_leave_out(file)}") from None
 
 
-def _is_utf8(file: InputFile) -> bool:
+def _unreadable() -> tuple[type[BaseException], ...]:
+    """What reading a file's stream raises when it can't be read (binary_why says BadInput for it)."""
+    return (BadInput, *_read_errors())
+
+
+def _whole_stream_is_utf8(file: InputFile) -> bool:
+    """Whether the file, read (decompressed) to its end, is UTF-8; a stream that can't be read raises one of
+    _read_errors()."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    try:
-        with _open(file) as raw:
-            while chunk := raw.read(1 << 20):
-                decoder.decode(chunk)
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        return False
-    return True
+    utf8 = True
+    with _open(file) as raw:
+        while chunk := raw.read(1 << 20):
+            if utf8:
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError:
+                    utf8 = False
+    if utf8:
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            utf8 = False
+    return utf8
 
 
 def _not_utf8(file: InputFile, where: str) -> BadInput:

@@ -12,7 +12,8 @@ a glob that is binary (a NUL byte in its first block, once decompressed, or comp
 says so) is skipped, and so, by default, is one that is not UTF-8 text; a file named one by one is refused
 instead. `--encoding-errors strict|skip|replace` sets the second for every file. So is a file found whose first
 record can't be read in its extension's format (a `.json` or `.json.gz` that is a JSON document, not JSON Lines; a
-`.parquet` that is not Parquet): `--strict` stops instead, naming every --exclude the tree needs. A file whose later
+`.parquet` that is not Parquet), and one whose compressed stream can't be read to its end (a `.gz` that is plain
+text, a truncated download): `--strict` stops instead, naming every --exclude the tree needs. A file whose later
 line is damaged stops the run with its line number, as a file named one by one does at any line. A skipped file
 raises Skipped before its first document, so that a file is read whole or not at all.
 """
@@ -46,8 +47,10 @@ SNIFF_BYTES = 8000  # the first block git and ripgrep look at for a NUL byte
 _GLOB_CHARS = set("*?[")
 SKIPPED_DIRS = {"__pycache__"}  # Python's byte code beside the sources of a code corpus
 ENCODING_ERRORS = ("strict", "skip", "replace")
-BINARY, NOT_UTF8, NOT_JSONL, NOT_PARQUET = "binary", "not_utf8", "not_jsonl", "not_parquet"  # why a file was skipped
-REASONS = {BINARY: "binary", NOT_UTF8: "not UTF-8", NOT_JSONL: "not JSON Lines", NOT_PARQUET: "not Parquet"}
+# why a file was skipped
+BINARY, NOT_UTF8, NOT_JSONL, NOT_PARQUET, DAMAGED = "binary", "not_utf8", "not_jsonl", "not_parquet", "damaged"
+REASONS = {BINARY: "binary", NOT_UTF8: "not UTF-8", NOT_JSONL: "not JSON Lines", NOT_PARQUET: "not Parquet",
+           DAMAGED: "unreadable compressed data"}
 
 
 class BadInput(ConfigError):
@@ -60,7 +63,7 @@ class NotItsFormat(BadInput):
 
 
 class Skipped(Exception):
-    """A file that is not read (raised before its first document): `reason` is BINARY or NOT_UTF8."""
+    """A file that is not read (raised before its first document): `reason` is one of REASONS' keys."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -281,11 +284,15 @@ def _leave_out(file: InputFile, every: bool = False) -> str:
     for every file of its format, as for the .json files of a code tree, which are seldom JSON Lines)."""
     if file.named:
         return "leave it out"
-    name = Path(file.path).name
     if not every:
-        literal = re.sub(r"^([!#])", r"\\\1", re.sub(r"([\[\]*?\\])", r"\\\1", name))  # as a .gitignore line
-        return f"leave it out with --exclude {shlex.quote(literal)}"
+        return f"leave it out with --exclude {exclude_literal(file)}"
     return f"leave such files out with --exclude {format_pattern(file)}"
+
+
+def exclude_literal(file: InputFile) -> str:
+    """The --exclude (shell-quoted) that leaves out this file alone: its name as a .gitignore line."""
+    name = Path(file.path).name
+    return shlex.quote(re.sub(r"^([!#])", r"\\\1", re.sub(r"([\[\]*?\\])", r"\\\1", name)))
 
 
 def format_pattern(file: InputFile) -> str:

@@ -419,7 +419,8 @@ STRICT = ("--encoding-errors", "strict")  # text that is not UTF-8 in a director
         # found in a directory: the --exclude that leaves it out (or every file of its format) is named too
         ("jsonl without the field", (), ["z.jsonl line 2 has no field 'text'", "--text-field", "--exclude '*.jsonl'"]),
         ("not JSON", (), ["z.jsonl line 2 is not JSON", "leave such files out with --exclude '*.jsonl'"]),
-        ("truncated gz", (), ["cannot read", "z.txt.gz", "leave it out with --exclude z.txt.gz"]),
+        # (without --strict a truncated .gz found is skipped: test_a_tree_skips_compressed_files_it_cannot_read...)
+        ("truncated gz", ("--strict",), ["cannot read", "z.txt.gz", "leave them out with --exclude z.txt.gz"]),
         ("not UTF-8", STRICT, ["z.txt is not UTF-8 text", "iconv", "--encoding-errors skip"]),
         ("JSON Lines not UTF-8", STRICT, ["z.jsonl is not UTF-8 text at line 2", "--encoding-errors skip"]),
         ("parquet without the column", (), ["z.parquet has no column 'text' (it has content)", "--text-field"]),
@@ -954,3 +955,38 @@ def test_a_tree_skips_files_not_in_their_extensions_format_and_strict_names_ever
     named = tmp_path / "doc" / "pkg" / "synopsis.json"
     code, err = prepare(named, "--out", tmp_path / "named", "--tokenizer", "bytes")
     assert code == 2 and f"{named} line 1 has no field 'text'" in err, err
+
+
+def test_a_tree_skips_compressed_files_it_cannot_read_to_their_end(tmp_path: Path) -> None:
+    """Issue 36, item 2 (found again on a second trial): a `.gz` found in a directory that is plain text, or one cut
+    short (a truncated download, readable for its first blocks), is skipped whole and reported, not a stop; --strict
+    stops, naming each file's --exclude in one line; a file named on the command line still stops."""
+    import gzip
+
+    root = tmp_path / "tree"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("hello world\n" * 50)
+    (root / "plain.txt.gz").write_text("not gzip at all\n")
+    whole = gzip.compress(b"a line of text long enough to span the first block\n" * 4000)
+    (root / "sub" / "cut.md.gz").write_bytes(whole[: len(whole) // 2])
+    (root / "sub" / "good.txt.gz").write_bytes(gzip.compress(b"kept\n" * 30))
+    for per_line in ([], ["--text-per-line"]):
+        out = tmp_path / f"ds{len(per_line)}"
+        code, printed, err = prepare_printing(root, "--out", out, "--tokenizer", "bytes", *per_line)
+        assert code == 0, err
+        manifest = mf.load_manifest(out)
+        assert {r: s.files for r, s in manifest.skipped.items()} == {"damaged": 2}, per_line
+        assert sorted(Path(s.path).name for s in manifest.sources) == ["a.txt", "good.txt.gz"], per_line
+        assert "2 unreadable compressed data (e.g. " in printed, printed
+        text = b"".join(np.fromfile(p, dtype=np.uint16).astype(np.uint8).tobytes()
+                        for p in sorted((out / "train").glob("*.bin")))
+        assert b"a line of text" not in text and b"kept" in text
+
+    code, err = prepare(root, "--out", tmp_path / "strict", "--tokenizer", "bytes", "--strict")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "2 compressed files found can't be read" in err, err
+    assert "--exclude plain.txt.gz" in err and "--exclude cut.md.gz" in err, err
+    assert not (tmp_path / "strict").exists()
+
+    code, err = prepare(root / "sub" / "cut.md.gz", "--out", tmp_path / "named", "--tokenizer", "bytes")
+    assert code == 2 and "cut.md.gz" in err and "cannot read" in err, err
