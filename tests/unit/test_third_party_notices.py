@@ -51,3 +51,12 @@ def test_the_filters_let_other_messages_through() -> None:
     finally:
         log.removeHandler(handler)
     assert seen == ["something else"]
+
+
+def test_deepspeeds_build_note_is_dropped_and_the_rest_of_its_output_passed_on(capsys) -> None:  # type: ignore[no-untyped-def]
+    with quiet.deepspeed_build_notice():
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+        print("a line of DeepSpeed's own that says something")
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully, and more")
+    assert capsys.readouterr().out == ("a line of DeepSpeed's own that says something\n"
+                                       "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully, and more\n")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import logging
+import re
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
@@ -66,6 +68,24 @@ def deepspeed_cpu_notice() -> None:
     """Before anything imports deepspeed in a command that runs on the CPU (launcher.export): its logger, created
     at import, keeps the filter added to it here."""
     _drop("DeepSpeed", DEEPSPEED_CPU)
+
+
+# DeepSpeed's torch backend, created by deepspeed.initialize, builds its shared-memory all-reduce for the CPU
+# accelerator and prints that it did (deepspeed/comm/torch.py build_shm_op): a build note, on standard output, in
+# the middle of a run's log. A build that fails raises instead.
+SHM_BUILT = re.compile(r"DeepSpeed \S+ built successfully")
+
+
+@contextmanager
+def deepspeed_build_notice() -> Iterator[None]:
+    """Around deepspeed.initialize: its standard output, less SHM_BUILT's line, passed on when it ends."""
+    captured = io.StringIO()
+    try:
+        with redirect_stdout(captured):
+            yield
+    finally:
+        kept = [line for line in captured.getvalue().splitlines(keepends=True) if not SHM_BUILT.fullmatch(line.strip())]
+        sys.stdout.write("".join(kept))
 
 
 @contextmanager

@@ -31,6 +31,7 @@ from torch import nn
 from contract.errors import ConfigError
 from contract.rules.optimizers import strategy_refusal
 from train.model.blocks import prepare_blocks
+from train.observe import quiet
 from train.optim import build_optimizer, build_scheduler, param_groups, peak_lr
 from train.strategies.base import Strategy
 from train.strategies.limits import scalar_refusal
@@ -135,13 +136,16 @@ class DeepSpeedStrategy(Strategy):
         os.environ["LOCAL_RANK"] = str(self.device.index if self.device.type == "cuda" else self.env.local_rank)
         self.blocks = prepare_blocks(model, self.cfg.model, self.cfg.strategy)
         if not train:
-            self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device), config=self._forward_config())
+            with quiet.deepspeed_build_notice():
+                self.engine, _, _, _ = deepspeed.initialize(model=model.to(self.device),
+                                                            config=self._forward_config())
             self.model = self.engine
             return self.engine  # type: ignore[no-any-return]
-        engine, optimizer, _, _ = deepspeed.initialize(
-            model=model.to(self.device), optimizer=self._client_optimizer(model),
-            config=copy.deepcopy(self.ds_config),
-        )
+        with quiet.deepspeed_build_notice():
+            engine, optimizer, _, _ = deepspeed.initialize(
+                model=model.to(self.device), optimizer=self._client_optimizer(model),
+                config=copy.deepcopy(self.ds_config),
+            )
         self.engine = self.model = engine
         self.optimizer = optimizer
         # The torch optimizer inside DeepSpeed's wrapper: its param_groups are the ones the engine steps with
