@@ -267,6 +267,11 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
         # The logits (compute dtype), and their fp32 copy for the loss and its gradient, or chunked for a large
         # vocabulary (contract/rules/loss_chunks.py).
         temporary += loss_bytes(tokens, shape.vocab_size, compute_bytes)
+    if m is not None and m.get("position", "rope") == "rope":
+        # RoPE's cos and sin tables, fp32, (max_seq_len, head_dim / 2) each: buffers every rank holds whole, sized
+        # by model.max_seq_len, not by the parameters (a typed max_seq_len of 1e8 makes them gigabytes). Counted
+        # beside the states, which stay the parameters' own (the ZeRO paper's bytes per parameter).
+        temporary += FP32 * m.max_seq_len * (m.d_model // m.n_heads)
     if compute_bytes != FP32 and s.backend != "deepspeed":
         copies = compute_bytes * p
         if m is not None and float8.enabled(cfg.precision):  # the converted weights are cast to float8 instead

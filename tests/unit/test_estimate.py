@@ -130,3 +130,23 @@ def test_lr_scaling_needs_a_reference_batch() -> None:
     _, plan = compose_and_plan(["optim.lr_scaling=sqrt", "optim.reference_batch_size=4", "optim.lr=1e-3",
                                 "trainer.global_batch_size=16", "local.nproc=2"])
     assert plan.lr == pytest.approx(2e-3)
+
+
+def test_rope_tables_sized_by_max_seq_len_are_in_the_estimate() -> None:
+    """RoPE's cos and sin buffers follow model.max_seq_len, not the parameters: a typed max_seq_len of 1e8 with a
+    short data.seq_len planned 1.01 GB for a run that peaked at 9.2 GiB. The estimate grows by exactly the buffers
+    the model builds (beside the states, which stay the parameters' own)."""
+    from launcher.compose import compose_and_plan
+    from train.model.transformer import build_model
+
+    def planned(max_seq_len: int) -> tuple[float, float, int]:
+        cfg, plan = compose_and_plan([f"model.max_seq_len={max_seq_len}", "data.seq_len=64", "strategy=ddp",
+                                      "precision=fp32", "launcher.force=true"])
+        assert plan.fit is not None
+        buffers = sum(b.numel() * b.element_size() for b in build_model(cfg.model).buffers())
+        assert buffers == 4 * max_seq_len * (cfg.model.d_model // cfg.model.n_heads)
+        return plan.fit.estimate.temporary, plan.fit.estimate.states, buffers
+
+    short, long = planned(64), planned(100_000)
+    assert long[0] - short[0] == long[2] - short[2] > 6e6  # the tables' bytes, counted
+    assert long[1] == short[1]

@@ -36,3 +36,16 @@ def test_model_is_causal(overrides: list[str]) -> None:
     assert a.shape == (2, 16, 256)
     assert torch.equal(a[:, :10], b[:, :10])
     assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_rope_tables_built_by_chunks_equal_the_whole_outer_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rope_tables fills cos and sin a chunk of positions at a time (no third table of angles at its peak); the
+    values are bit for bit those of the outer product of every position at once."""
+    import train.model.transformer as transformer
+
+    monkeypatch.setattr(transformer, "ROPE_CHUNK", 7)
+    for seq_len, head_dim, theta in ((1, 8, 10000.0), (50, 16, 10000.0), (1000, 64, 500000.0)):
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+        cos, sin = transformer.rope_tables(seq_len, head_dim, theta)
+        assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin()), seq_len

@@ -33,10 +33,22 @@ def make_norm(cfg: Any) -> nn.Module:
     return RMSNorm(cfg.d_model, eps) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model, eps=eps)
 
 
+ROPE_CHUNK = 1 << 16  # positions whose angles exist at once while the tables are built
+
+
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin, (seq_len, head_dim / 2) fp32 each, filled a chunk of positions at a time: building them
+    holds the two tables and the positions, not a third table of angles (a model.max_seq_len of 1e8 made that peak
+    at 1.5 times the tables). The values are those of the whole outer product."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    positions = torch.arange(seq_len, dtype=torch.float32)
+    cos = torch.empty(seq_len, inv_freq.numel())
+    sin = torch.empty_like(cos)
+    for start in range(0, seq_len, ROPE_CHUNK):
+        angles = torch.outer(positions[start:start + ROPE_CHUNK], inv_freq)
+        torch.cos(angles, out=cos[start:start + ROPE_CHUNK])
+        torch.sin(angles, out=sin[start:start + ROPE_CHUNK])
+    return cos, sin
 
 
 class KVCache:
