@@ -39,6 +39,8 @@ class Capacity:
     what: str
     # Host memory per rank for what offloading keeps there (None: unknown, not checked).
     host_bytes: float | None = None
+    # The ranks compute in host memory (a CPU run): what offloading moves "to the host" stays in `bytes`.
+    shared_host: bool = False
 
 
 @dataclass
@@ -60,12 +62,19 @@ class Fit:
 
 
 def fits(est: MemoryEstimate, cap: Capacity) -> bool:
-    device_ok = cap.bytes is None or est.total <= cap.bytes
+    device_ok = cap.bytes is None or _on_device(est, cap) <= cap.bytes
     return device_ok and (cap.host_bytes is None or est.host <= cap.host_bytes)
 
 
+def _on_device(est: MemoryEstimate, cap: Capacity) -> float:
+    return est.total + est.host if cap.shared_host else est.total
+
+
 def shortfall(est: MemoryEstimate, cap: Capacity) -> str:
-    if cap.bytes is not None and est.total > cap.bytes:
+    if cap.bytes is not None and _on_device(est, cap) > cap.bytes:
+        if cap.shared_host and est.host:
+            return (f"{_on_device(est, cap) / GB:.1f} GB per rank (with what offloading keeps in the same host "
+                    f"memory) > {cap.bytes / GB:.1f} GB")
         return f"{est.total / GB:.1f} GB per rank > {cap.bytes / GB:.1f} GB"
     return f"{est.host / GB:.1f} GB of host memory per rank > {(cap.host_bytes or 0) / GB:.1f} GB"
 
@@ -94,14 +103,15 @@ def capacity(cfg: DictConfig, world: int, local_gpus: int) -> Capacity:
             host = c.mem_per_task_gb * GB if c.mem_per_task_gb else None
             return Capacity(c.gpu_memory_gb * GB, f"{c.gpu_type or 'GPU'} memory, cluster {c.name}", host)
         if c.mem_per_task_gb:
-            return Capacity(c.mem_per_task_gb * GB, f"cluster.mem_per_task_gb of {c.name}")
+            return Capacity(c.mem_per_task_gb * GB, f"cluster.mem_per_task_gb of {c.name}", shared_host=True)
         return Capacity(None, f"cluster {c.name} declares no GPU memory or mem_per_task_gb: not checked")
     if local_gpus:
         mem = local_gpu_memory_bytes()
         host = host_available_bytes() / max(1, world)
         return Capacity(mem, "this machine's GPU memory", host) if mem else Capacity(None, "GPU memory unknown")
     ranks = max(1, world)
-    return Capacity(host_available_bytes() / ranks, f"this host's available memory / {ranks} local rank(s)")
+    return Capacity(host_available_bytes() / ranks, f"this host's available memory / {ranks} local rank(s)",
+                    shared_host=True)
 
 
 def strategy_node(name: str, base: Any) -> Any:
@@ -217,7 +227,7 @@ def _more_nodes_advice(cfg: DictConfig, world: int, nodes: int, shape: ModelShap
     if cfg.cluster is not None:
         option, _ = search(cfg, world, nodes, shape, cap, has_gpus, node_steps=(2, 4, 8, 16, 32))
         if option is not None:
-            return f"use {option.overrides(cfg)} ({option.estimate.total / GB:.1f} GB per rank)"
+            return f"use {option.overrides(cfg)} ({_on_device(option.estimate, cap) / GB:.1f} GB per rank)"
     return "nothing fits on this hardware: use a smaller model or more, larger GPUs"
 
 
@@ -237,11 +247,11 @@ def check_fit(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, local_
         keep = _keep_effective_batch(cfg, option, world)
         cfg.strategy = strategy_node(option.strategy, cfg.strategy)
         cfg.trainer.micro_batch_size = option.micro_batch_size
-        reasons.append(f"picked {option.strategy}" + keep + f": {option.estimate.total / GB:.1f} GB per rank")
+        reasons.append(f"picked {option.strategy}" + keep + f": {_on_device(option.estimate, cap) / GB:.1f} GB per rank")
     fit = Fit(estimate_for(cfg, world, nodes, shape), cap, reasons)
     if not fit.fits and refuse and not cfg.launcher.force:
         option, _ = search(cfg, world, nodes, shape, cap, has_gpus)
-        advice = (f"use {option.overrides(cfg)} ({option.estimate.total / GB:.1f} GB per rank)" if option
+        advice = (f"use {option.overrides(cfg)} ({_on_device(option.estimate, cap) / GB:.1f} GB per rank)" if option
                   else _more_nodes_advice(cfg, world, nodes, shape, cap, has_gpus))
         raise ConfigError(
             f"model={cfg.model.name} with strategy={cfg.strategy.name} does not fit: {shortfall(fit.estimate, cap)} "

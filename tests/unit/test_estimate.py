@@ -119,6 +119,26 @@ def test_8b_locally_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
     assert out.stderr.startswith("error: model=llama3_8b with strategy=ddp does not fit: ")
     assert "this host's available memory" in out.stderr and "launcher: started" not in out.stderr
     assert list(tmp_path.iterdir()) == []
+    from launcher.plan.fit import host_available_bytes
+
+    if host_available_bytes() < 140e9:  # offloading 8B's states keeps ~150 GB in the very memory the ranks use
+        assert "zero3_offload" not in out.stderr, out.stderr
+
+
+def test_offloading_on_a_cpu_host_keeps_the_offloaded_bytes_in_the_same_memory() -> None:
+    """A CPU run's ranks compute in host memory: what zero3_offload moves "to the host" stays in it, so the fit
+    counts both (the plan suggested zero3_offload for llama3_8b on a 24 GB host, with 150 GB offloaded)."""
+    from launcher.plan.fit import Capacity, capacity, fits
+
+    cfg = compose_config(["model=llama3_8b", "strategy=zero3_offload", "strategy.activation_checkpointing=true",
+                          "trainer.micro_batch_size=1"])
+    assert capacity(cfg, 1, 0).shared_host and not capacity(cfg, 1, 1).shared_host  # CPU ranks; a GPU rank
+    est = estimate_memory(cfg, 1, 1, ModelShape.ours(cfg.model, count_parameters(cfg.model)), margin_bytes=0,
+                          fragmentation=0)
+    assert est.host > 100e9
+    assert fits(est, Capacity(est.total + 1, "a GPU's memory"))  # the host is other memory, unchecked here
+    assert not fits(est, Capacity(est.total + 1, "this host's memory", shared_host=True))
+    assert fits(est, Capacity(est.total + est.host + 1, "this host's memory", shared_host=True))
 
 
 def test_lr_scaling_needs_a_reference_batch() -> None:
