@@ -69,7 +69,16 @@ def prompt_ids(args: argparse.Namespace, tokenizer: RunTokenizer | None, why_non
                              "1,2,3"))
     if not args.prompt:
         raise ConfigError("--prompt is empty: give some text to continue")
+    unknown = tokenizer.unknown_characters(args.prompt)
+    shown = ", ".join(repr(c) for c in unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
     ids = tokenizer.encode(chat_prompt(args.prompt, tokenizer) if args.chat else args.prompt)
+    if not ids:
+        why = f" ({tokenizer.name} has none for {shown})" if unknown else ""
+        raise ConfigError(f"--prompt encodes to no token at all{why}: give a prompt in the run's vocabulary, or ids "
+                          "with --tokens")
+    if unknown:
+        print(f"sample: {tokenizer.name} has no token for {shown} of --prompt: the model does not see "
+              f"{'it' if len(unknown) == 1 else 'them'}", file=sys.stderr)
     bad = [i for i in ids if i >= vocab_size]
     if bad:
         raise ConfigError(f"--prompt encodes to id {bad[0]}, outside the model's vocabulary of {vocab_size}: "

@@ -29,6 +29,22 @@ class RunTokenizer:
             return list(text.encode("utf-8"))
         return list(self._hf().encode(text, add_special_tokens=False).ids)
 
+    def unknown_characters(self, text: str) -> list[str]:
+        """The characters of `text` no token of the vocabulary stands for (encoded alone they give no token, or the
+        unknown token), whitespace aside: a BPE without byte fallback trained on other text has none for 'é' or
+        '☃', and leaves them out of the ids. The bytes tokenizer has every one."""
+        if self.path is None:
+            return []
+        tokenizer = self._hf()
+        unk = getattr(tokenizer.model, "unk_token", None)
+        unk_id = tokenizer.token_to_id(unk) if unk else None
+        unknown = []
+        for char in dict.fromkeys(c for c in text if not c.isspace()):
+            ids = tokenizer.encode(char, add_special_tokens=False).ids
+            if not ids or (unk_id is not None and unk_id in ids):
+                unknown.append(char)
+        return unknown
+
     def decode(self, ids: list[int]) -> str:
         if self.path is None:  # ids past 255 (the end of a document, or a larger model vocabulary) are no bytes
             return b"".join(bytes([i]) if 0 <= i < 256 else "\ufffd".encode() for i in ids).decode(

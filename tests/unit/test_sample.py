@@ -185,3 +185,28 @@ def test_chat_ids_prints_only_the_replys_ids(tmp_path: Path, monkeypatch: pytest
     assert sample.main([str(run_dir), "--prompt", "ab", "--ids"]) == 0
     assert capsys.readouterr().out == ",".join(map(str, asked[-1] + [6, 7, 0])) + "\n"
     assert reply.count("\n") == 1 and "shift" not in reply
+
+
+def test_a_prompt_with_characters_the_tokenizer_lacks_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A BPE without byte fallback leaves out the characters it has no token for: the model never sees them, and
+    the reply was empty with no word why. sample names them on stderr; a prompt of nothing but them is refused."""
+    import types
+
+    from contract.data.run_tokenizer import RunTokenizer
+    from tests.sft_data import write_tokenizer
+
+    tok = write_tokenizer(tmp_path / "tok") / "tokenizer.json"
+    assert RunTokenizer("t", 0, str(tok)).unknown_characters("ab ☃é ab☃ z") == ["☃", "é", "z"]
+    assert RunTokenizer("bytes", 256, None).unknown_characters("☃é") == []
+    write_prepared(tmp_path / "data", [[5, 6, 0]], vocab=20, tokenizer="tok", eod_id=0, tokenizer_file=tok)
+    run_dir = fake_run(tmp_path, {"name": "tokens", "path": str(tmp_path / "data")}, vocab=20)
+    fake = types.SimpleNamespace(Sampling=lambda *args, **kwargs: None, sample=lambda *args: [6, 0])
+    monkeypatch.setattr(sample.compute_seam, "sampling", lambda: fake)
+    assert sample.main([str(run_dir), "--chat", "--prompt", "shift: ab☃é"]) == 0
+    err = capsys.readouterr().err
+    assert "has no token for '☃', 'é' of --prompt: the model does not see them" in err, err
+    assert sample.main([str(run_dir), "--prompt", "ab"]) == 0
+    assert "has no token" not in capsys.readouterr().err
+    err = refused(capsys, tmp_path, str(run_dir), "--prompt", "☃☃")
+    assert "--prompt encodes to no token at all" in err, err
