@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from contract.errors import EXIT_BAD_INPUT
@@ -37,3 +39,19 @@ def build_parser(module: str) -> argparse.ArgumentParser:
     target = importlib.import_module(f"{module}.__main__" if module == "launcher.prepare" else module)
     parser: argparse.ArgumentParser = target.build_parser()
     return parser
+
+
+def run(main: Callable[[], int | None]) -> NoReturn:
+    """A command's `python -m` entry: its exit code, and a terminal's ways of ending it said in one line, not a
+    traceback. `... | head` closing the pipe ends it quietly (exit 141, as the shell's SIGPIPE); Ctrl-C says so
+    (exit 130). What it already wrote stays; what it writes it writes whole (exports verify, then move in place)."""
+    try:
+        code = main()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's flush at exit would raise again
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(141)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)

@@ -47,15 +47,19 @@ def distributions(spec: SearchSpec) -> dict[str, Any]:
 
 def sampler(spec: SearchSpec, asked_before: int) -> Any:
     """A fresh sampler per ask, seeded with the seed plus the trials asked before it: workers that start together
-    get different values, and one worker gets the same trials every time."""
+    get different values, and one worker gets the same trials every time. The grid sampler alone keeps the seed:
+    it shuffles its grid by it and records each trial's place in that order (grid_id), so another seed per ask
+    would read the recorded places in another order, repeating points and missing others; it already takes an
+    unvisited point, running ones aside, whoever asks."""
     import optuna
 
-    name, seed = spec.sampler["name"], int(spec.sampler.get("seed", 0)) + asked_before
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
+    name, seed = spec.sampler["name"], int(spec.sampler.get("seed", 0))
     if name == "grid":
         space = {key: p["choices"] for key, p in spec.params.items()}
         return optuna.samplers.GridSampler(space, seed=seed)
+    seed += asked_before
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     return optuna.samplers.TPESampler(seed=seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -63,6 +64,11 @@ def _run(launcher: SweepLauncher, config: DictConfig, arguments: list[str]) -> i
             raise ConfigError(str(err).replace(f"sweep point {index} (", "the search's trial (", 1)) from None
     plan = planned[0].plan
     spec = _spec(base, space, sweep_dir, plan)
+    first_rung = int(spec.pruner["min_resource"])
+    if spec.pruner["name"] != "none" and first_rung >= spec.max_steps:
+        raise ConfigError(f"search.pruner={spec.pruner['name']} first prunes at step {first_rung} (search.min_resource, "
+                          f"else eval.every), and a trial trains {spec.max_steps} steps: no trial could be pruned: set "
+                          f"search.min_resource (or eval.every) below {spec.max_steps}, or search.pruner=none")
     worst = _worst_case(spec, plan)
     if (sweep_dir / layout.SPEC_FILE).is_file():
         spec = _continued(sweep_dir, spec)
@@ -124,6 +130,8 @@ def _check_settings(cfg: DictConfig, space: Space) -> None:
         raise ConfigError(f"search.pruner={s.pruner}: choose one of {', '.join(PRUNERS)}")
     if s.sampler not in SAMPLERS:
         raise ConfigError(f"search.sampler={s.sampler}: choose one of {', '.join(SAMPLERS)}")
+    if s.storage:
+        _check_storage(str(s.storage))
     if int(cfg.eval.every) <= 0:
         need = f"search.pruner={s.pruner} prunes at evaluations" if s.pruner != "none" else \
             "a search compares its trials by a validation metric"
@@ -138,6 +146,19 @@ def _check_settings(cfg: DictConfig, space: Space) -> None:
     if parts[0] != "val" or len(parts) != 3 or parts[1] not in sets or parts[2] not in ("loss", "ppl"):
         raise ConfigError(f"search.metric={metric}: the trials report what they validate at each evaluation: "
                           f"{', '.join(f'val/{name}/loss' for name in sets)} (or a set's /ppl)")
+
+
+def _check_storage(url: str) -> None:
+    """search.storage names an RDB whose dialect and driver SQLAlchemy has (connecting waits for _create)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(url).get_dialect()
+    except Exception as err:  # ArgumentError (not a URL), NoSuchModuleError (no such dialect), ImportError (driver)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"search.storage={url} is no RDB URL SQLAlchemy can open ({first}): give one such as "
+                          "sqlite:///PATH or postgresql://USER@HOST/DB, or leave search.storage unset for the "
+                          "journal file in the sweep directory") from None
 
 
 def search_metric(cfg: DictConfig) -> str:
@@ -202,6 +223,12 @@ def _continued(sweep_dir: Path, spec: layout.SearchSpec) -> layout.SearchSpec:
     if changed:
         raise ConfigError(f"{sweep_dir} holds a search with other {', '.join(changed)}: give this search its own "
                           "launcher.sweep_name (or run.root), or repeat the first command to continue that one")
+    from contract.search.optuna_objects import load_study
+
+    asked = len(load_study(sweep_dir, old).get_trials(deepcopy=False))
+    if spec.n_trials < asked:
+        raise ConfigError(f"search.n_trials={spec.n_trials}: {sweep_dir} already holds {asked} trials: give "
+                          f"search.n_trials={asked} or more to continue it")
     for key in ("n_trials", "parallel", "max_gpu_hours", "timeout", "ranks"):
         setattr(old, key, getattr(spec, key))
     return old
@@ -215,8 +242,19 @@ def _trained(overrides: list[str]) -> list[str]:
 def _create(sweep_dir: Path, spec: layout.SearchSpec, base: DictConfig) -> None:
     from contract.search.optuna_objects import create_study
 
+    created = next((d for d in reversed([sweep_dir, *sweep_dir.parents]) if not d.exists()), None)  # the top one
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    create_study(sweep_dir, spec)
+    try:
+        create_study(sweep_dir, spec)
+    except Exception as err:  # an RDB URL SQLAlchemy can't open: its dialect, driver, server or file
+        if not spec.storage:
+            raise
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"search.storage={spec.storage} can't be opened ({type(err).__name__}: {first}): give an "
+                          "RDB URL SQLAlchemy opens (sqlite:///PATH, postgresql://USER@HOST/DB), or leave "
+                          "search.storage unset for the journal file in the sweep directory") from None
     layout.save_spec(sweep_dir, spec)
     with open_dict(base):
         base.logger.group = base.logger.group or sweep_dir.name

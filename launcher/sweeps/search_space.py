@@ -49,6 +49,11 @@ def parse(arguments: list[str]) -> Space:
             raise ConfigError(f"{typed}: a search samples values of keys (optim.lr=...), not config groups: "
                               f"choose the group with a fixed {key}=NAME, or run one search per group option")
         value = o.value()
+        tags = set(getattr(value, "tags", None) or ())
+        unread = tags - ({"log"} if isinstance(value, IntervalSweep) else set())
+        if unread:
+            raise ConfigError(f"{typed}: a search reads one tag, log, on an interval (tag(log,interval(LOW,HIGH)): "
+                              f"log-uniform), not {', '.join(sorted(unread))}: fix or drop it")
         if isinstance(value, IntervalSweep):
             low, high, log = value.start, value.end, "log" in value.tags
             if not (low is not None and high is not None and low < high):

@@ -96,6 +96,12 @@ class Worker:
             fcntl.flock(lock, fcntl.LOCK_EX)
             study = load_study(self.sweep_dir, self.spec)
             trials = study.get_trials(deepcopy=False)
+            for t in trials:  # asked, and the ask failed before it gave every value (a sampler that raised)
+                if t.state == TrialState.RUNNING and set(t.params) != set(self.spec.params):
+                    study._storage.set_trial_user_attr(t._trial_id, "reason", "its values were never drawn (the "
+                                                       "sampler failed while asking): not trained")
+                    study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            trials = study.get_trials(deepcopy=False)
             running = {t.number for t in trials if t.state == TrialState.RUNNING}
             own = layout.read_json(layout.worker_file(self.sweep_dir, self.index), {}).get("trial")
             number: int | None = own if own in running else None

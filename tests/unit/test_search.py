@@ -18,11 +18,21 @@ BAD = [
     (["optim.lr=tag(log,interval(1e-5,1))", "eval.every=5", "search.n_trials=0"], "search.n_trials=0"),
     (["optim.warmup_steps=interval(0,10)", "eval.every=5"],
      "optim.warmup_steps is an integer and interval() samples floats: search it with range(0,11)"),
+    # a misspelled tag was ignored (a uniform search where log-uniform was meant)
+    (["optim.lr=tag(lg,interval(1e-5,1))", "eval.every=5"], "a search reads one tag, log, on an interval"),
+    # a traceback, then 'the command line could not be read', and the sweep directory left behind
+    (["optim.lr=tag(log,interval(1e-5,1))", "eval.every=5", "search.storage=foo://bar"],
+     "search.storage=foo://bar is no RDB URL SQLAlchemy can open"),
+    # accepted, and nothing was ever pruned
+    (["optim.lr=tag(log,interval(1e-5,1))", "eval.every=5", "search.min_resource=100", "trainer.max_steps=10",
+      "cluster.nodes=1"],
+     "first prunes at step 100 (search.min_resource, else eval.every), and a trial trains 10 steps"),
 ]
 
 
 @pytest.mark.parametrize(("args", "words"), BAD, ids=["unknown key", "empty interval", "no eval.every", "no trials",
-                                                          "interval of an int"])
+                                                          "interval of an int", "unknown tag", "bad storage",
+                                                          "nothing to prune"])
 def test_bad_input_is_one_line_exit_2_and_nothing_created(tmp_path: Path, args: list[str], words: str) -> None:
     root = tmp_path / "runs"
     out = launch("-m", "hydra/sweeper=search", *args, f"run.root={hq(root)}", "+cluster=local_slurm", cwd=tmp_path)
@@ -149,3 +159,95 @@ def test_export_of_a_sweep_or_search_directory_names_the_run_directories(tmp_pat
                                points=[Point(index=0, overrides=["optim.lr=1e-3"], run_dir=str(tmp_path / "p0"))]))
     with pytest.raises(ConfigError, match="is a sweep directory, not a run: pass one of its points' run directories"):
         pick_checkpoint(grid_dir, 5)
+
+
+@pytest.mark.parametrize("sampler", ["grid", "cmaes", "tpe", "random"])
+def test_every_sampler_asks_as_the_workers_do(tmp_path: Path, sampler: str) -> None:
+    """Each ask builds a fresh sampler (contract/search/optuna_objects.py), as a worker does under the ask lock. The
+    grid sampler shuffles its grid by its seed, so a seed changed per ask repeated points and missed others (6 asks
+    of a 3 x 2 grid gave 3 distinct points, weight decay 0.0 never): it covers its grid once. CMA-ES runs (its
+    `cmaes` package is a dependency) and stays in bounds."""
+    import time
+
+    from optuna.trial import TrialState
+
+    from contract.search import layout
+    from contract.search.optuna_objects import create_study, distributions, load_study
+
+    if sampler == "grid":
+        params = {"optim.lr": {"type": "categorical", "choices": [1e-3, 3e-3, 1e-2]},
+                  "optim.weight_decay": {"type": "categorical", "choices": [0.0, 0.1]}}
+    else:
+        params = {"optim.lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True},
+                  "optim.weight_decay": {"type": "float", "low": 0.0, "high": 0.2}}
+    spec = layout.SearchSpec(
+        study_name="s", storage="", params=params, overrides=[], metric="val/val/loss", higher_is_better=False,
+        pruner={"name": "none", "min_resource": 5}, sampler={"name": sampler, "seed": 0}, n_trials=6, parallel=1,
+        max_gpu_hours=None, timeout=None, max_steps=30, ranks=1, cwd=str(tmp_path), command="", created=time.time())
+    create_study(tmp_path, spec)
+    asked = []
+    for i in range(6):
+        study = load_study(tmp_path, spec, asked_before=i)
+        trial = study.ask(distributions(spec))
+        asked.append((trial.params["optim.lr"], trial.params["optim.weight_decay"]))
+        if sampler == "grid":  # as Worker.tell: the grid sampler would stop the study outside study.optimize
+            import optuna
+
+            study.sampler = optuna.samplers.RandomSampler()
+        study.tell(trial.number, float(i % 4))
+    if sampler == "grid":
+        assert sorted(asked) == sorted((lr, wd) for lr in (1e-3, 3e-3, 1e-2) for wd in (0.0, 0.1)), asked
+    else:
+        assert all(1e-5 <= lr <= 1.0 and 0.0 <= wd <= 0.2 for lr, wd in asked), asked
+        assert len(set(asked)) == 6
+    assert all(t.state == TrialState.COMPLETE for t in load_study(tmp_path, spec).get_trials())
+
+
+def test_a_trial_whose_ask_failed_is_failed_not_resumed_with_the_base_config(tmp_path: Path) -> None:
+    """A sampler that raised while asking (CMA-ES without its package did) left its trial RUNNING with no values;
+    the next command resumed it, training the base config recorded with empty parameters. The worker fails it,
+    saying why, and asks a new one."""
+    import time
+
+    from optuna.trial import TrialState
+
+    from contract.search import layout
+    from contract.search.optuna_objects import create_study, load_study
+    from launcher.sweeps.search_worker import Worker
+
+    spec = layout.SearchSpec(
+        study_name="s", storage="", params={"optim.lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}},
+        overrides=[], metric="val/val/loss", higher_is_better=False, pruner={"name": "none", "min_resource": 5},
+        sampler={"name": "random", "seed": 0}, n_trials=3, parallel=1, max_gpu_hours=None, timeout=None,
+        max_steps=30, ranks=1, cwd=str(tmp_path), command="", created=time.time())
+    layout.save_spec(tmp_path, spec)
+    create_study(tmp_path, spec)
+    assert load_study(tmp_path, spec).ask().number == 0  # asked, no value drawn
+    layout.write_json(tmp_path / layout.RESUME_FILE, [0])
+    assert Worker(tmp_path, 0).take() == 1
+    trials = load_study(tmp_path, spec).get_trials()
+    assert trials[0].state == TrialState.FAIL and "never drawn" in trials[0].user_attrs["reason"]
+    assert trials[1].state == TrialState.RUNNING and set(trials[1].params) == {"optim.lr"}
+
+
+def test_continuing_with_fewer_trials_than_were_asked_is_refused(tmp_path: Path) -> None:
+    """search.n_trials lowered below the trials a search already holds was taken, and status then said '6 of 3'."""
+    import dataclasses
+    import time
+
+    from contract.search import layout
+    from contract.search.optuna_objects import create_study, load_study
+    from launcher.sweeps.search import _continued
+
+    spec = layout.SearchSpec(
+        study_name="s", storage="", params={"optim.lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}},
+        overrides=[], metric="val/val/loss", higher_is_better=False, pruner={"name": "none", "min_resource": 5},
+        sampler={"name": "random", "seed": 0}, n_trials=6, parallel=1, max_gpu_hours=None, timeout=None,
+        max_steps=30, ranks=1, cwd=str(tmp_path), command="", created=time.time())
+    layout.save_spec(tmp_path, spec)
+    create_study(tmp_path, spec)
+    for _ in range(4):
+        load_study(tmp_path, spec).ask()
+    with pytest.raises(ConfigError, match="search.n_trials=3: .* already holds 4 trials: give search.n_trials=4"):
+        _continued(tmp_path, dataclasses.replace(spec, n_trials=3))
+    assert _continued(tmp_path, dataclasses.replace(spec, n_trials=4)).n_trials == 4

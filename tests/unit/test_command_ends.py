@@ -1,0 +1,44 @@
+"""How a command ends when its terminal does (launcher/commands.py run): `... | head` closing the pipe is a quiet
+exit 141, Ctrl-C one line and exit 130; neither a traceback (`launcher.status ... | head` printed a BrokenPipeError
+traceback, Ctrl-C in `launcher.sample` a 62-line KeyboardInterrupt one)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.commands import run
+from tests.conftest import ROOT, launcher_env
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_closed_pipe_ends_status_quietly(tmp_path: Path, as_json: bool) -> None:
+    from tests.prepared_data import write_prepared
+
+    for name in ("a", "b"):
+        write_prepared(tmp_path / "corpus" / name, [[1, 2, 0]] * 4, vocab=8, eod_id=0)
+    # The reading end is closed before the interpreter has started: the table's first write meets a closed pipe.
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.status", str(tmp_path / "corpus"),
+                             *(["--json"] if as_json else [])], cwd=ROOT, env=launcher_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    # rich's console ends a table's broken pipe itself (exit 1, quietly); the JSON is ours (exit 141)
+    assert proc.wait(timeout=120) == (141 if as_json else 1), err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as end:
+        run(interrupted)
+    assert end.value.code == 130 and capsys.readouterr().err == "interrupted (Ctrl-C)\n"
+    with pytest.raises(SystemExit) as end:
+        run(lambda: 2)
+    assert end.value.code == 2
