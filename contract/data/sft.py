@@ -208,3 +208,33 @@ def check_layout(layout: str) -> None:
     if layout not in LAYOUTS:
         raise ConfigError(f"data.sft_layout={layout} is not a layout: give packed (records one after another in "
                           "windows of data.seq_len) or padded (one record a sample, padded or cut to data.seq_len)")
+
+
+@dataclass(frozen=True)
+class PaddedCut:
+    """What data.sft_layout=padded keeps of a split at a seq_len: each record is one sample of seq_len + 1 tokens,
+    a longer one cut, so response tokens past the cut never train."""
+
+    records: int
+    response_tokens: int  # that count as targets (not a record's first token)
+    kept: int  # of those, within a sample's seq_len + 1 tokens
+    longest: int  # tokens of the longest record
+
+    @property
+    def share(self) -> float:
+        return self.kept / max(1, self.response_tokens)
+
+
+def padded_cut(mask_files: Sequence[Path], seq_len: int) -> PaddedCut:
+    """Read from the loss-mask shards (a byte a token, as the ranks read them to find the records)."""
+    import numpy as np
+
+    mask = np.concatenate([np.fromfile(f, dtype=np.uint8) for f in mask_files]) if mask_files else np.zeros(0, np.uint8)
+    starts = np.flatnonzero(mask & RECORD_START)
+    if len(starts) == 0:
+        return PaddedCut(0, 0, 0, 0)
+    response = np.flatnonzero(mask & RESPONSE)
+    offset = response - starts[np.searchsorted(starts, response, side="right") - 1]
+    counted = offset >= 1  # a record's first token is no target
+    return PaddedCut(len(starts), int(counted.sum()), int((counted & (offset <= seq_len)).sum()),
+                     int(np.diff(np.append(starts, mask.size)).max()))

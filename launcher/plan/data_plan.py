@@ -7,6 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from contract.errors import ConfigError
 from contract.rules.document_mask import attention_line
 from contract.rules.eval_sets import repeat_warning, resolved_sets, set_spec, validates
 from launcher.plan.run_length import length_key
@@ -38,15 +39,30 @@ def data_lines(cfg: DictConfig, samples: int) -> tuple[str, ...]:
                             f"{epochs:.3g} times over; add data or lower {length_key(cfg)}")
     head = f"data: {samples:,} samples of {seq_len + 1} tokens over the run: "
     attention = [attention_line(cfg, ranks_on_gpus(cfg))] if d.get("document_mask") else []
-    return (head + "; ".join(parts), *[sft_line(s) for s in specs if s.is_sft], *attention, *warnings)
+    return (head + "; ".join(parts), *[sft_line(s, seq_len) for s in specs if s.is_sft], *attention, *warnings)
 
 
-def sft_line(spec: Any) -> str:
-    """Supervised fine-tuning data: what counts, and how its records make samples (data.sft_layout)."""
+def sft_line(spec: Any, seq_len: int) -> str:
+    """Supervised fine-tuning data: what counts, and how its records make samples (data.sft_layout). Padded, a
+    record longer than a sample is cut: what that leaves of the response tokens is said, and a cut that leaves
+    none is refused (the run would train on nothing, and finish with a loss of 0)."""
     split = spec.manifest.split("train")
     share = f"{split.response_tokens:,} of its {split.tokens:,} tokens, {split.response_tokens / max(split.tokens, 1):.0%}"
-    layout = ("packed: records one after another in windows" if spec.layout == "packed" else
-              f"padded: one of its {spec.records:,} records a sample, a longer one cut")
+    if spec.layout == "packed":
+        layout = "packed: records one after another in windows"
+    else:
+        from contract.data.sft import padded_cut
+
+        cut = padded_cut(spec.mask_files, seq_len)
+        whole = f"data.seq_len={cut.longest - 1} keeps every record whole (the longest is {cut.longest:,} tokens)"
+        if cut.response_tokens and not cut.kept:
+            raise ConfigError(f"data.sft_layout=padded cuts each record of {spec.key}={spec.path} to data.seq_len + 1 = "
+                              f"{seq_len + 1} tokens, before its first response token: nothing would train: "
+                              f"{whole}, or use data.sft_layout=packed")
+        layout = f"padded: one of its {spec.records:,} records a sample, a longer one cut"
+        if cut.kept < cut.response_tokens:
+            layout += (f"; the cut leaves {cut.share:.0%} of the response tokens ({cut.kept:,} of "
+                       f"{cut.response_tokens:,}): {whole}")
     return (f"supervised fine-tuning data ({spec.key}): only response tokens count, in the loss and in `tokens` "
             f"({share}); data.sft_layout={layout}")
 

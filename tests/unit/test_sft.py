@@ -210,6 +210,23 @@ def test_launch_refuses_what_sft_data_can_not_honour(tmp_path: Path, tok: Path,
     line = next(line for line in plan.data_lines if line.startswith("supervised fine-tuning data"))
     assert "only response tokens count, in the loss and in `tokens`" in line and "one of its 40 records" in line
 
+    # Padded, a record longer than a sample is cut: a cut before every response token trained on nothing and
+    # finished with loss 0 ('0 response tokens'); a cut through the responses is said with the share it keeps.
+    from contract.data.sft import padded_cut
+
+    [mask] = sorted((tmp_path / "sft" / "train").glob("*.mask"))
+    cut = padded_cut([mask], 16)
+    prompt = min(int(np.flatnonzero(r & 1)[0]) for r in np.split(np.fromfile(mask, np.uint8),
+                                                                   np.flatnonzero(np.fromfile(mask, np.uint8) & 2)[1:]))
+    with pytest.raises(ConfigError, match=rf"cuts each record .* to data.seq_len \+ 1 = {prompt} tokens, before its "
+                                          rf"first response token: nothing would train: data.seq_len={cut.longest - 1}"):
+        compose_and_plan([*base[:-1], f"data.seq_len={prompt - 1}", f"data.path={tmp_path / 'sft'}",
+                          "data.sft_layout=padded", "trainer.max_steps=5"])
+    _, plan = compose_and_plan([*base[:-1], f"data.seq_len={cut.longest - 2}", f"data.path={tmp_path / 'sft'}",
+                                "data.sft_layout=padded", "trainer.max_steps=5"])
+    line = next(line for line in plan.data_lines if line.startswith("supervised fine-tuning data"))
+    assert "the cut leaves" in line and f"data.seq_len={cut.longest - 1} keeps every record whole" in line, line
+
 
 def test_the_same_command_is_complete_and_another_template_is_another_preparation(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
