@@ -17,7 +17,7 @@ WINDOW_BYTES = 2**20
 # A glob of token files: every file's size is checked, the ids of this many of them (evenly spread) are read.
 GLOB_FILES_SCANNED = 8
 TEXT_PROBE_BYTES = 64 * 1024
-PREPARE = "python -m launcher.prepare FILE --out DIR --tokenizer bytes, then data.path=DIR; README: Your own corpus"
+PREPARE = "python -m launcher.prepare FILE --out DIR --tokenizer bytes, then data.path=DIR; docs/data.md: Prepare a corpus"
 TEXT_HINT = f"looks like UTF-8 text, not token ids: tokenize it into token shards first ({PREPARE})"
 # A file's first bytes -> what it is: corpora that reach data.path untokenized, by their magic numbers.
 MAGIC = {
@@ -95,6 +95,9 @@ def token_file_problem(path: str, dtype: str, seq_len: int, vocab_size: int, sca
         return (f"is {size} bytes, not a whole number of data.dtype={dtype} tokens ({itemsize} bytes each): is "
                 "data.dtype right?")
     if size // itemsize < seq_len + 1:
+        hint = corpus_hint(file)  # a short text file is text before it is too short
+        if hint:
+            return hint
         return (f"holds {size // itemsize} tokens, fewer than one sample (data.seq_len + 1 = {seq_len + 1}): lower "
                 "data.seq_len or use a longer file")
     if not scan:

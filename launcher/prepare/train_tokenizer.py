@@ -28,6 +28,9 @@ from launcher.prepare.inputs import InputFile, ReadOptions, Skipped
 RECORD = "trained_on.json"
 DEFAULT_EOD = "<|endoftext|>"
 MIN_VOCAB = 258  # the 256 bytes, the end-of-document token and at least one merge
+# The largest vocabularies models train with are about 256k; the `tokenizers` trainer sizes its tables by the
+# vocabulary asked, and bpe:10000000000 ended the process in a Rust out-of-memory abort (exit 134, a backtrace).
+MAX_VOCAB = 1 << 22
 SPEC = re.compile(r"^bpe:(\d+)$")
 
 
@@ -51,6 +54,9 @@ def parse_spec(spec: str) -> int:
     if vocab < MIN_VOCAB:
         raise ConfigError(f"--train-tokenizer {spec}: give a vocabulary of at least {MIN_VOCAB} (the 256 bytes, the "
                           "end-of-document token and one merge), e.g. bpe:32000")
+    if vocab > MAX_VOCAB:
+        raise ConfigError(f"--train-tokenizer {spec}: give a vocabulary of at most {MAX_VOCAB:,} (models train with "
+                          "up to about 256k), e.g. bpe:32000")
     return vocab
 
 
@@ -142,6 +148,8 @@ def train(directory: Path, training: Training, template: str | None, inputs: lis
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     size = tokenizer.get_vocab_size(with_added_tokens=True)
+    short = (f"; bpe:{training.vocab_size} asked for {training.vocab_size:,}, and these documents hold no more pairs "
+             "to merge: train on more text, or ask for fewer" if size < training.vocab_size else "")
     return (f"trained tokenizer {directory}: byte-level BPE of {size:,} tokens (end of document "
             f"{training.eod_token!r}{', a chat template' if template is not None else ''}) on {counts[0]:,} "
-            f"documents ({counts[1] / 1e6:,.1f} M characters) of the files selected")
+            f"documents ({counts[1] / 1e6:,.1f} M characters) of the files selected{short}")

@@ -59,3 +59,16 @@ def test_binary_noise_keeps_the_vocabulary_message(tmp_path: Path) -> None:
     file.write_bytes(np.random.default_rng(0).integers(0, 2**16, 4096, dtype=np.uint16).tobytes())
     problem = token_file_problem(str(file), "uint16", 16, 256)
     assert problem is not None and "outside the vocabulary" in problem, problem
+
+
+def test_a_short_text_file_is_named_text_not_too_short(tmp_path: Path) -> None:
+    """A 73-byte text file was told it 'holds 36 tokens ... lower data.seq_len' rather than what it is."""
+    file = tmp_path / "notes.txt"
+    file.write_bytes(b"a few words of plain text, typed where a token file belongs in a config!\n")
+    problem = token_file_problem(str(file), "uint16", 512, 50304)
+    assert problem is not None and problem.startswith("looks like UTF-8 text, not token ids"), problem
+    assert "docs/data.md: Prepare a corpus" in problem
+    short = tmp_path / "short.bin"
+    np.arange(36, dtype=np.uint16).tofile(short)  # real ids, only too few of them
+    assert token_file_problem(str(short), "uint16", 512, 50304) == (
+        "holds 36 tokens, fewer than one sample (data.seq_len + 1 = 513): lower data.seq_len or use a longer file")

@@ -66,6 +66,8 @@ def test_the_same_command_again_keeps_the_tokenizer_and_a_run_trains_on_it(train
     (["--train-tokenizer", "wordpiece:300"], "--train-tokenizer wordpiece:300 is not bpe:VOCAB"),
     (["--train-tokenizer", "bpe:many"], "--train-tokenizer bpe:many is not bpe:VOCAB"),
     (["--train-tokenizer", "bpe:100"], "--train-tokenizer bpe:100: give a vocabulary of at least 258"),
+    # the tokenizers trainer sized its tables by it: a Rust out-of-memory abort, exit 134, a 60-line backtrace
+    (["--train-tokenizer", "bpe:10000000000"], "--train-tokenizer bpe:10000000000: give a vocabulary of at most"),
     (["--train-tokenizer", "bpe:300", "--tokenizer", "bytes"], "--train-tokenizer writes a tokenizer directory"),
     (["--chat-template", "{t}"], "--chat-template goes with --train-tokenizer"),
     (["--train-tokenizer", "bpe:300", "--chat-template", "{root}/nope.jinja"], "nope.jinja does not exist"),
@@ -91,3 +93,14 @@ def test_bad_combinations_are_one_line_and_create_nothing(tmp_path: Path, args: 
     code, err = prepare(tmp_path / "corpus", "--out", tmp_path / "ds", *tokenizer, *args)
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
     assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+def test_a_vocabulary_the_documents_cannot_fill_is_said(tmp_path: Path) -> None:
+    """bpe:5000000 on a small corpus trained a few hundred tokens and said nothing of the size asked."""
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("a small corpus, a small vocabulary\n" * 20)
+    code, out, err = prepare_printing(tmp_path / "corpus", "--out", tmp_path / "ds", "--tokenizer", tmp_path / "tok",
+                                      "--train-tokenizer", "bpe:4000000")
+    assert code == 0, err
+    line = next(line for line in (out + err).splitlines() if line.startswith("trained tokenizer"))
+    assert "bpe:4000000 asked for 4,000,000, and these documents hold no more pairs to merge" in line, line
