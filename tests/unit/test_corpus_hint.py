@@ -64,7 +64,7 @@ def test_binary_noise_keeps_the_vocabulary_message(tmp_path: Path) -> None:
 def test_a_short_text_file_is_named_text_not_too_short(tmp_path: Path) -> None:
     """A 73-byte text file was told it 'holds 36 tokens ... lower data.seq_len' rather than what it is."""
     file = tmp_path / "notes.txt"
-    file.write_bytes(b"a few words of plain text, typed where a token file belongs in a config!\n")
+    file.write_bytes(b"a few words of plain text, typed where a token file belongs in a config!!\n")  # even: 74 bytes
     problem = token_file_problem(str(file), "uint16", 512, 50304)
     assert problem is not None and problem.startswith("looks like UTF-8 text, not token ids"), problem
     assert "docs/data.md: Prepare a corpus" in problem
