@@ -30,6 +30,10 @@ class Space:
         return math.prod(len(p["choices"]) for p in self.params.values())
 
 
+# A trial's length: the same for every trial of a search (its rungs, steps and GPU-hours are counted in it).
+LENGTH_KEYS = ("trainer.max_steps", "trainer.max_tokens", "trainer.max_epochs")
+
+
 def parse(arguments: list[str]) -> Space:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
@@ -81,6 +85,13 @@ def parse(arguments: list[str]) -> Space:
             space.corners[key] = values
         else:
             raise ConfigError(f"{typed}: a search takes interval(), tag(log,interval()), choice() or range()")
+    for key in space.params:
+        if key in LENGTH_KEYS:
+            raise ConfigError(f"{key} is what every trial's length is measured by (the pruner's rungs, the budget): "
+                              f"give it one value, and search other keys")
+        again = [f for f in space.fixed if f.split("=", 1)[0].lstrip("+~") == key]
+        if again:
+            raise ConfigError(f"{key} is searched and also given as {again[0]}: drop one of them")
     if not space.params:
         raise ConfigError("hydra/sweeper=search needs a parameter to search, e.g. 'optim.lr=tag(log,interval(1e-5,1e-1))' "
                           "or 'optim.warmup_steps=choice(50,200)'")

@@ -27,12 +27,18 @@ BAD = [
     (["optim.lr=tag(log,interval(1e-5,1))", "eval.every=5", "search.min_resource=100", "trainer.max_steps=10",
       "cluster.nodes=1"],
      "first prunes at step 100 (search.min_resource, else eval.every), and a trial trains 10 steps"),
+    # the plan said 10 steps a trial and status showed 20/10
+    (["trainer.max_steps=choice(10,20)", "optim.lr=choice(1e-3,1e-2)", "eval.every=5"],
+     "trainer.max_steps is what every trial's length is measured by"),
+    # the fixed value was dropped without a word
+    (["optim.lr=choice(1e-3,1e-2)", "optim.lr=1e-4", "eval.every=5"],
+     "optim.lr is searched and also given as optim.lr=1e-4: drop one of them"),
 ]
 
 
 @pytest.mark.parametrize(("args", "words"), BAD, ids=["unknown key", "empty interval", "no eval.every", "no trials",
                                                           "interval of an int", "unknown tag", "bad storage",
-                                                          "nothing to prune"])
+                                                          "nothing to prune", "length searched", "searched and fixed"])
 def test_bad_input_is_one_line_exit_2_and_nothing_created(tmp_path: Path, args: list[str], words: str) -> None:
     root = tmp_path / "runs"
     out = launch("-m", "hydra/sweeper=search", *args, f"run.root={hq(root)}", "+cluster=local_slurm", cwd=tmp_path)
