@@ -95,6 +95,7 @@ def _stalled_class() -> type:
 
         def __init__(self, inner: Any, first: int, min_improvement: float) -> None:
             self.inner, self.first, self.min_improvement = inner, first, min_improvement
+            self.rule = ""  # which rule pruned, after prune() said True: the pruned event and log line name it
 
         def prune(self, study: Any, trial: Any) -> bool:
             step = trial.last_step
@@ -102,13 +103,17 @@ def _stalled_class() -> type:
                 return False
             value = trial.intermediate_values[step]
             if step >= self.first and math.isnan(value):
+                self.rule = "its metric is NaN"
                 return True
             start = trial.intermediate_values.get(0)
             if self.min_improvement > 0 and step >= self.first and start is not None and math.isfinite(start):
                 maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
                 gain = (value - start) if maximize else (start - value)
                 if not gain > self.min_improvement * abs(start):
+                    self.rule = (f"not {self.min_improvement:.0%} better than its step-0 value {start:.4g} "
+                                 "(search.min_improvement)")
                     return True
+            self.rule = f"{type(self.inner).__name__.removesuffix('Pruner').lower()} pruner"
             return bool(self.inner.prune(study, trial))
 
     return Stalled

@@ -59,7 +59,10 @@ def test_lr_search_prunes_hopeless_trials_at_the_first_rung(run_root: Path) -> N
         lr = t.params["optim.lr"]
         if lr >= 10 * grid_best or lr <= grid_best / 100:  # diverging, or all but frozen
             assert t.state.name == "PRUNED" and steps[t.number] == EVERY < STEPS / 3, (lr, t.state, steps[t.number])
-            assert read_events(Path(t.user_attrs["run_dir"]))[-1]["kind"] == "pruned"
+            pruned = read_events(Path(t.user_attrs["run_dir"]))[-1]
+            assert pruned["kind"] == "pruned" and pruned["rule"], pruned  # which rule pruned it, said
+            assert pruned["rule"] in ("its metric is NaN", "successivehalving pruner") or \
+                pruned["rule"].startswith("not 1% better than its step-0 value"), pruned
     best = min((t for t in ts if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert steps[best.number] == STEPS
     assert abs(math.log10(best.params["optim.lr"] / grid_best)) <= 1, (best.params, grid_best)

@@ -26,6 +26,7 @@ class TrialReporter:
         self.study: Any = load_study(Path(info["sweep_dir"]), spec) if env.is_main else None
         self.group = cpu_group()
         self.value: float | None = None
+        self.rule = ""  # which of the pruner's rules pruned the trial (rank 0)
         self.every, self.max_steps = int(info["every"]), int(info["max_steps"])
 
     @classmethod
@@ -49,13 +50,15 @@ class TrialReporter:
                 trial.report(value, step)
             if decide:
                 pruned = int(trial.should_prune())
+                self.rule = str(getattr(self.study.pruner, "rule", "")) if pruned else ""
         if decide:
             pruned = all_reduce_max_each([pruned], self.group)[0]
         return bool(pruned)
 
     def pruned_outcome(self, step: int) -> StopOutcome:
         if self.env.is_main:
-            log.info("trial %d pruned at step %d (%s %s): the search's pruner stopped it", self.number, step,
-                     self.metric, "-" if self.value is None else f"{self.value:.4f}")
+            log.info("trial %d pruned at step %d (%s %s): the search's pruner stopped it%s", self.number, step,
+                     self.metric, "-" if self.value is None else f"{self.value:.4f}",
+                     f": {self.rule}" if self.rule else "")
         return StopOutcome(0, None, kind="pruned", details={"trial": self.number, "metric": self.metric,
-                                                            "value": self.value})
+                                                            "value": self.value, "rule": self.rule})
