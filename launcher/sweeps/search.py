@@ -298,6 +298,18 @@ def refuse_live_local_workers(sweep_dir: Path) -> None:
                           f"(kill -TERM {pid} checkpoints its trial) and run this command again")
 
 
+def die_with_parent() -> None:
+    """In a local worker, before it execs: SIGTERM when the command that started it dies however it dies (a kill -9,
+    a terminal's SIGKILL), which checkpoints the worker's trial and stops it. In sessions of their own (a Ctrl-C
+    reaches them through the command, once), the workers went on training the whole study unseen. Linux only."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
 def _run_here(sweep_dir: Path, spec: layout.SearchSpec) -> int:
     """search.parallel worker processes on this machine; Ctrl-C (or a stop signal) asks them to checkpoint their trials
     and stop, and the same command resumes."""
@@ -306,7 +318,8 @@ def _run_here(sweep_dir: Path, spec: layout.SearchSpec) -> int:
     from launcher.sweeps.search_status import print_status
 
     cmd = [sys.executable, "-m", "launcher.sweeps.search_worker", str(sweep_dir)]
-    procs = [subprocess.Popen([*cmd, str(i)], start_new_session=True) for i in range(spec.parallel)]
+    procs = [subprocess.Popen([*cmd, str(i)], start_new_session=True, preexec_fn=die_with_parent)
+             for i in range(spec.parallel)]
     print(f"search {sweep_dir.name}: {spec.parallel} local worker(s) started", file=sys.stderr, flush=True)
 
     def forward(signum: int, frame: Any) -> None:

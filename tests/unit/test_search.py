@@ -257,3 +257,37 @@ def test_continuing_with_fewer_trials_than_were_asked_is_refused(tmp_path: Path)
     with pytest.raises(ConfigError, match="search.n_trials=3: .* already holds 4 trials: give search.n_trials=4"):
         _continued(tmp_path, dataclasses.replace(spec, n_trials=3))
     assert _continued(tmp_path, dataclasses.replace(spec, n_trials=4)).n_trials == 4
+
+
+def test_a_local_worker_is_stopped_when_the_command_that_started_it_dies(tmp_path: Path) -> None:
+    """Local workers run in sessions of their own; a kill -9 of the search command left them training the whole
+    study unseen. Each gets SIGTERM (its trial checkpoints) when its parent dies."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import subprocess, sys, time\n"
+              "from launcher.sweeps.search import die_with_parent\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True,"
+              " preexec_fn=die_with_parent)\n"
+              "print(child.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(timeout=60)
+    try:
+        ended = os.pidfd_open(child)  # readable once the process has ended: the event itself, no polling
+    except ProcessLookupError:
+        return  # ended and reaped already
+    try:
+        readable, _, _ = select.select([ended], [], [], 60)
+        if not readable:
+            os.kill(child, signal.SIGKILL)  # leave no sleeper behind
+        assert readable, "the worker outlived the command that started it"
+    finally:
+        os.close(ended)
