@@ -205,6 +205,8 @@ def _worst_case(spec: layout.SearchSpec, plan: Any) -> str:
         text += f"; estimated {spec.n_trials * plan.budget.gpu_hours:,.1f} GPU-hours to the end of every trial"
     if spec.max_gpu_hours is not None:
         text += f"; stops taking trials at search.max_gpu_hours={spec.max_gpu_hours:g}"
+    if spec.timeout is not None:
+        text += f"; stops taking trials search.timeout={spec.timeout:g} s after it started"
     return text
 
 

@@ -53,10 +53,11 @@ def test_dry_run_prints_the_worst_case_and_creates_nothing(tmp_path: Path) -> No
     out = launch("-m", "hydra/sweeper=search", "optim.lr=tag(log,interval(1e-5,1))", "optim.warmup_steps=choice(2,5)",
                  "eval.every=5", "trainer.max_steps=30", "search.n_trials=12", "search.parallel=3",
                  "search.pruner=asha", "+cluster=local_slurm", "cluster.nodes=1", "launcher.dry_run=true", f"run.root={hq(root)}",
-                 cwd=tmp_path)
+                 "search.timeout=3600", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "12 trials over optim.lr, optim.warmup_steps, 3 worker(s), sampler tpe, pruner asha" in out.stderr
     assert "worst case (no trial pruned): 12 x 30 = 360 steps" in out.stderr
+    assert "stops taking trials search.timeout=3600 s after it started" in out.stderr  # the plan said nothing of it
     assert "dry run: nothing created or submitted" in out.stderr
     assert not root.exists()
 
