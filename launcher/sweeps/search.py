@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -300,16 +301,18 @@ def refuse_live_local_workers(sweep_dir: Path) -> None:
                           f"(kill -TERM {pid} checkpoints its trial) and run this command again")
 
 
-def die_with_parent() -> None:
-    """In a local worker, before it execs: SIGTERM when the command that started it dies however it dies (a kill -9,
-    a terminal's SIGKILL), which checkpoints the worker's trial and stops it. In sessions of their own (a Ctrl-C
-    reaches them through the command, once), the workers went on training the whole study unseen. Linux only."""
+def die_with_parent() -> Callable[[], None] | None:
+    """For a local worker's Popen(preexec_fn=...): SIGTERM when the command that started it dies however it dies (a
+    kill -9, a terminal's SIGKILL), which checkpoints the worker's trial and stops it. In sessions of their own (a
+    Ctrl-C reaches them through the command, once), the workers went on training the whole study unseen. Linux
+    only (None elsewhere). prctl is looked up here, before the fork: the child only calls it (no import there)."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     import ctypes
     import signal
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    prctl, term = ctypes.CDLL(None, use_errno=True).prctl, int(signal.SIGTERM)
+    return lambda: prctl(1, term)  # PR_SET_PDEATHSIG
 
 
 def _run_here(sweep_dir: Path, spec: layout.SearchSpec) -> int:
@@ -320,7 +323,7 @@ def _run_here(sweep_dir: Path, spec: layout.SearchSpec) -> int:
     from launcher.sweeps.search_status import print_status
 
     cmd = [sys.executable, "-m", "launcher.sweeps.search_worker", str(sweep_dir)]
-    procs = [subprocess.Popen([*cmd, str(i)], start_new_session=True, preexec_fn=die_with_parent)
+    procs = [subprocess.Popen([*cmd, str(i)], start_new_session=True, preexec_fn=die_with_parent())
              for i in range(spec.parallel)]
     print(f"search {sweep_dir.name}: {spec.parallel} local worker(s) started", file=sys.stderr, flush=True)
 

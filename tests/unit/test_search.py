@@ -272,7 +272,7 @@ def test_a_local_worker_is_stopped_when_the_command_that_started_it_dies(tmp_pat
     script = ("import subprocess, sys, time\n"
               "from launcher.sweeps.search import die_with_parent\n"
               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True,"
-              " preexec_fn=die_with_parent)\n"
+              " preexec_fn=die_with_parent())\n"
               "print(child.pid, flush=True)\n"
               "time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
