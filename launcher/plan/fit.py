@@ -192,23 +192,27 @@ def candidates(cfg: DictConfig, world: int, has_gpus: bool) -> tuple[list[str], 
 
 def search(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, cap: Capacity, has_gpus: bool,
            node_steps: tuple[int, ...] = (1,)) -> tuple[Option | None, list[str]]:
-    """The first option that fits, cheapest first: the configured nodes before more nodes, the configured micro
-    batch before smaller ones, strategies in strategy=auto's order. Also says why the configured micro batch
-    fits with none of the strategies before the one found."""
+    """The first option that fits, cheapest first: the configured nodes before more nodes; offloading last, after
+    every other strategy at every micro batch (it moves the states over PCIe every step, which costs more than the
+    accumulation steps a smaller micro batch adds); the configured micro batch before smaller ones; strategies in
+    strategy=auto's order. Also says why the configured micro batch fits with none of the strategies before the
+    one found."""
     names, reasons = candidates(cfg, world, has_gpus)
     per_node = max(1, world // max(1, nodes))
+    groups = [[n for n in names if "offload" not in n], [n for n in names if "offload" in n]]
     for more in node_steps:
-        micro = cfg.trainer.micro_batch_size
-        while micro >= 1:
-            for name in names:
-                trial = with_strategy(cfg, name)
-                trial.trainer.micro_batch_size = micro
-                est = estimate_for(trial, per_node * nodes * more, nodes * more, shape)
-                if fits(est, cap):
-                    return Option(name, micro, nodes * more, est), reasons
-                if more == node_steps[0] and micro == cfg.trainer.micro_batch_size:
-                    reasons.append(f"{name}: {shortfall(est, cap)}")
-            micro //= 2
+        for group in groups:
+            micro = cfg.trainer.micro_batch_size
+            while micro >= 1:
+                for name in group:
+                    trial = with_strategy(cfg, name)
+                    trial.trainer.micro_batch_size = micro
+                    est = estimate_for(trial, per_node * nodes * more, nodes * more, shape)
+                    if fits(est, cap):
+                        return Option(name, micro, nodes * more, est), reasons
+                    if more == node_steps[0] and micro == cfg.trainer.micro_batch_size:
+                        reasons.append(f"{name}: {shortfall(est, cap)}")
+                micro //= 2
     return None, reasons
 
 
