@@ -105,7 +105,8 @@ def check_formats(files: list[InputFile], options: ReadOptions) -> None:
 
 def read_documents(file: InputFile, options: ReadOptions) -> Iterator[str]:
     """The file's documents in order. Raises BadInput naming the file (and line) and the fix, or Skipped (before
-    the first document) for a file found that is binary, or not UTF-8 when its encoding errors are skipped."""
+    the first document) for a file found that is binary, not UTF-8 when its encoding errors are skipped, not in its
+    extension's format, or compressed and unreadable to its end (both without --strict)."""
     if file.kind == "parquet":
         try:
             parquet = _parquet_file(file)
