@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--watch {args.watch:g}: give a positive number of seconds")
         from contract.search.layout import is_search_dir
 
+        if not args.dir.is_dir():
+            raise ConfigError(f"{args.dir} is not a directory: pass a run directory, a sweep or search directory, a "
+                              "run.root, or a prepared dataset (or a folder of them)")
         if is_search_dir(args.dir):  # a hyperparameter search: its trials, from the study
             from launcher.sweeps.search_status import main_status
 

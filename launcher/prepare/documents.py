@@ -215,7 +215,7 @@ def _jsonl_documents(raw: IO[bytes], file: InputFile, field: str, decode: str) -
         if not line.strip():
             continue
         try:
-            text = _jsonl_text(line, lineno, file, field, decode)
+            text = _jsonl_text(line, lineno, file, field, decode, first)
         except BadInput as err:
             if first and not isinstance(err, NotItsFormat) and not str(err).startswith(f"{file.path} is not UTF-8"):
                 raise NotItsFormat(str(err)) from None
@@ -225,7 +225,9 @@ def _jsonl_documents(raw: IO[bytes], file: InputFile, field: str, decode: str) -
             yield text
 
 
-def _jsonl_text(line: bytes, lineno: int, file: InputFile, field: str, decode: str) -> str:
+def _jsonl_text(line: bytes, lineno: int, file: InputFile, field: str, decode: str, first: bool) -> str:
+    """`first`: the file's first record, where a misfit means a file of another format (the fix: leave every file of
+    that format out); a bad line further in is this file's alone (leave it out by name, not the good ones too)."""
     try:
         record = json.loads(line if decode == "strict" else line.decode("utf-8", decode))
     except UnicodeDecodeError:
@@ -233,7 +235,7 @@ def _jsonl_text(line: bytes, lineno: int, file: InputFile, field: str, decode: s
     except ValueError as err:  # JSONDecodeError
         raise BadInput(
             f"{file.path} line {lineno} is not JSON ({_first_line(err)}): fix the line, or "
-            f"{_leave_out(file, every=True)}"
+            f"{_leave_out(file, every=first)}"
         ) from None
     try:
         text = record[field]
@@ -241,12 +243,12 @@ def _jsonl_text(line: bytes, lineno: int, file: InputFile, field: str, decode: s
         keys = ", ".join(map(repr, record)) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
         raise BadInput(
             f"{file.path} line {lineno} has no field {field!r} (it has {keys}): name the text "
-            f"field with --text-field, or {_leave_out(file, every=True)}"
+            f"field with --text-field, or {_leave_out(file, every=first)}"
         ) from None
     if not isinstance(text, str):
         raise BadInput(
             f"{file.path} line {lineno}: field {field!r} is {type(text).__name__}, not text: "
-            f"name the text field with --text-field, or {_leave_out(file, every=True)}"
+            f"name the text field with --text-field, or {_leave_out(file, every=first)}"
         ) from None
     return text
 

@@ -142,3 +142,11 @@ def test_a_folder_of_prepared_datasets_has_one_row_each(prepared: Path, slurm: F
     text = _text(corpus, capsys)
     assert "books" in text and "web" in text and "incomplete-resumable" in text
     assert f"web: tokenizer {rows[1]['tokenizer']}; next: " in text
+
+
+def test_a_path_that_is_no_directory_names_everything_status_reads(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """status reads prepared datasets and searches too; its refusal named only runs, sweeps and run roots."""
+    assert status.main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a prepared dataset (or a folder of them)" in err and "search" in err, err
