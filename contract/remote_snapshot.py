@@ -31,7 +31,7 @@ DIFF_FILE = "snapshot.diff"
 
 # Never shipped, git tree or not: secrets (keys, .env files, credentials) and what is not code (version control,
 # caches, virtual environments, run outputs, trackers' local files).
-SECRET_EXCLUDE = (".env", ".env.*", "*.env", "*.pem", "*.key", "*.p12", "id_rsa*", "id_dsa*", "id_ecdsa*",
+SECRET_EXCLUDE = (".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "id_rsa*", "id_dsa*", "id_ecdsa*",
                   "id_ed25519*", ".ssh", ".netrc", ".pypirc", ".git-credentials", "credentials*", ".aws", ".gnupg")
 DEFAULT_EXCLUDE = SECRET_EXCLUDE + (
     ".git", ".hg", ".svn", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache",

@@ -3,6 +3,7 @@ config, ssh's options (launcher/run/remote/). The real sshd: tests/slurm/test_re
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -47,10 +48,16 @@ def test_a_git_tree_ships_tracked_and_unignored_files_never_secrets(tmp_path: Pa
     assert set(_paths(tmp_path)) >= {".gitignore", "new.py", "pkg/model.py", "train.py"}
     assert not any(p.startswith(("data/", "outputs/", "keys/")) or p == "notes.pem" for p in _paths(tmp_path))
     (tmp_path / "train.py").write_text("print(2)\n")
+    # A tracked .env changed beside it: its diff (the old secret and the new) was written into the snapshot's
+    # manifest and the run's snapshot.diff. And .envrc (direnv's exports) was shipped.
+    (tmp_path / ".env").write_text("API_TOKEN=the-new-secret\n")
+    (tmp_path / ".envrc").write_text("export API_TOKEN=another-secret\n")
     snap = snapshot.take(tmp_path, RemoteConfig(name="t", host="h"))
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert snap.git is not None and snap.git["commit"] == head and snap.git["dirty"]
     assert "+print(2)" in snap.git["diff"]
+    assert "secret" not in snap.git["diff"] and "secret" not in json.dumps(snap.manifest), snap.git["diff"]
+    assert ".envrc" not in {f.path for f in snap.files}
 
 
 def test_the_id_is_the_content(tmp_path: Path) -> None:
@@ -135,3 +142,9 @@ def test_ssh_shares_a_connection_unless_the_users_config_has_its_own(tmp_path: P
         RemoteConfig(name="t", host="login", ssh_config=str(theirs))).base())
     # Nothing of the local environment is asked to be sent.
     assert not any("SendEnv" in o or "SetEnv" in o for o in ours)
+    # A host that drops packets is given up after a bound (it hung for minutes), unless the user's config says
+    assert "ConnectTimeout=30" in ours
+    patient = tmp_path / "patient"
+    patient.write_text("Host login\n  ConnectTimeout 120\n")
+    assert not any(o.startswith("ConnectTimeout") for o in Connection(
+        RemoteConfig(name="t", host="login", ssh_config=str(patient))).base())

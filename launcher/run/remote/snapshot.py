@@ -100,7 +100,11 @@ def _git_state(project: Path, shipped: set[str]) -> dict[str, Any]:
     """The commit and the uncommitted changes of what is shipped: `git diff HEAD`, and whether untracked files
     (shipped, but in no diff) make it differ from the commit too."""
     commit = _git(project, "rev-parse", "HEAD").stdout.strip() or None
-    diff = _git(project, "diff", "HEAD", "--", ".").stdout if commit else ""
+    # The diff of shipped files only: a tracked .env's change (old and new secret) was written into the snapshot's
+    # manifest and the run's snapshot.diff.
+    changed = _git(project, "diff", "HEAD", "--name-only", "-z", "--relative", "--", ".").stdout.split("\0") if commit else []
+    diffed = sorted(p for p in changed if p in shipped)
+    diff = _git(project, "diff", "HEAD", "--relative", "--", *diffed).stdout if diffed else ""
     untracked = set(_git(project, "ls-files", "-z", "--others", "--exclude-standard").stdout.split("\0")) & shipped
     return {"commit": commit, "dirty": bool(diff or untracked or not commit), "diff": diff}
 

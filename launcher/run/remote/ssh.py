@@ -32,6 +32,10 @@ _AUTH = ("permission denied", "too many authentication failures", "authenticatio
 _HOST_KEY = ("host key verification failed", "remote host identification has changed")
 
 
+
+# Seconds ssh waits for a login node that does not answer (unless the user's ssh config sets ConnectTimeout).
+CONNECT_TIMEOUT_S = 30
+
 def control_dir() -> Path:
     chosen = os.environ.get(CONTROL_DIR_ENV)
     if chosen:
@@ -79,6 +83,8 @@ class Connection:
             if resolved.get("controlpath", "none") == "none" or resolved.get("controlmaster", "false") == "false":
                 options += ["-o", f"ControlPath={control_dir() / '%C'}",
                             "-o", f"ControlPersist={self.remote.control_persist}"]
+            if resolved.get("connecttimeout", "none") == "none":  # a host that drops packets hung for minutes
+                options += ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
             self._base = options
         return self._base
 
