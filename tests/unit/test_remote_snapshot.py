@@ -114,6 +114,9 @@ def test_a_bad_remote_is_one_line(tmp_path: Path) -> None:
         config.load("nohost", str(tmp_path))
     with pytest.raises(ConfigError, match="no remote named 'nosuch'.*known: .*nohost, typo"):
         config.load("nosuch", str(tmp_path))
+    _write(tmp_path, {"remote/broken.yaml": "host: [x\n"})  # a traceback and exit 1 before
+    with pytest.raises(ConfigError, match=r"remote broken: .*broken.yaml is not valid YAML \(.*\): fix it"):
+        config.load("broken", str(tmp_path))
 
 
 def test_commands_take_name_colon_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -73,5 +74,8 @@ def load(name: str, config_dir: str | None = None, overrides: list[str] | tuple[
     except OmegaConfBaseException as err:
         said = str(err).splitlines()[0]
         raise ConfigError(f"remote {name} ({path}): {said}; see contract/config/remote.py for its keys") from None
+    except yaml.YAMLError as err:  # `host: [x`: a traceback and exit 1 before
+        said = " ".join(str(err).split())
+        raise ConfigError(f"remote {name}: {path} is not valid YAML ({said}): fix it") from None
     assert isinstance(remote, RemoteConfig)
     return remote
