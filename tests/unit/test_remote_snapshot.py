@@ -114,6 +114,14 @@ def test_a_bad_remote_is_one_line(tmp_path: Path) -> None:
         config.load("nohost", str(tmp_path))
     with pytest.raises(ConfigError, match="no remote named 'nosuch'.*known: .*nohost, typo"):
         config.load("nosuch", str(tmp_path))
+    _write(tmp_path, {"remote/ok.yaml": "host: h\nworkdir: ~/runs/here\n"})
+    # the declared ranges: remote.port=0 was silently ignored, max_snapshot_mb=-1 said "over max_snapshot_mb=-1"
+    with pytest.raises(ConfigError, match=r"remote.port=0 is out of range: give a value in \[1, 65535\]"):
+        config.load("ok", str(tmp_path), ["remote.port=0"])
+    with pytest.raises(ConfigError, match=r"remote.max_snapshot_mb=-1.0 is out of range"):
+        config.load("ok", str(tmp_path), ["remote.max_snapshot_mb=-1"])
+    # ~ is the remote home the commands start in (a directory named '~' was made there)
+    assert config.load("ok", str(tmp_path)).workdir == "runs/here"
     _write(tmp_path, {"remote/broken.yaml": "host: [x\n"})  # a traceback and exit 1 before
     with pytest.raises(ConfigError, match=r"remote broken: .*broken.yaml is not valid YAML \(.*\): fix it"):
         config.load("broken", str(tmp_path))

@@ -4,6 +4,7 @@ command line is what runs on the login node."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,4 +79,15 @@ def load(name: str, config_dir: str | None = None, overrides: list[str] | tuple[
         said = " ".join(str(err).split())
         raise ConfigError(f"remote {name}: {path} is not valid YAML ({said}): fix it") from None
     assert isinstance(remote, RemoteConfig)
+    for f in dataclasses.fields(RemoteConfig):  # the declared ranges (remote.port=0 was silently ignored)
+        lo, hi, lo_open, hi_open = f.metadata.get("range", (None, None, False, False))
+        value = getattr(remote, f.name)
+        if value is None or (lo is None and hi is None):
+            continue
+        if (lo is not None and (value <= lo if lo_open else value < lo)) or \
+                (hi is not None and (value >= hi if hi_open else value > hi)):
+            ends = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+            raise ConfigError(f"remote.{f.name}={value} is out of range: give a value in {ends}".replace("None", "∞"))
+    if remote.workdir == "~" or remote.workdir.startswith("~/"):  # the remote shell starts in the home directory
+        remote.workdir = remote.workdir.removeprefix("~").lstrip("/") or "."
     return remote
