@@ -152,6 +152,9 @@ def test_each_failure_is_one_line_exit_2_and_nothing_submitted(laptop: tuple[Pat
     assert "is unreachable (ssh: connect to host 127.0.0.1 port 1: Connection refused)" in line
     for name, (_, expected) in cases.items():
         assert expected in _refused(project, fresh, name, f"+remote={name}")
+    # a workdir that can't be made was reported as 'slurmtrain is missing on the login node (cd: ...)'
+    nowhere = _refused(project, fresh, "nowhere", "+remote=test", "remote.workdir=/proc/slurmtrain-nowhere")
+    assert "remote.workdir=/proc/slurmtrain-nowhere can't be created on the login node" in nowhere
     big = _refused(project, fresh, "big", "+remote=test", "remote.max_snapshot_mb=0.01")
     assert "over remote.max_snapshot_mb=0.01: most of it is corpus.txt" in big
     after = snapshots(workdir), sorted((workdir / "outputs").glob("*")) if (workdir / "outputs").exists() else []

@@ -16,6 +16,7 @@ from launcher.run.remote.ssh import SSH_FAILED, Connection
 _SETUP_OK, _HAVE, _VERSION, _WORKDIR = "@slurmtrain-setup-ok", "@slurmtrain-have-snapshot", "@slurmtrain-version", \
     "@slurmtrain-workdir"
 _NEWEST = "@slurmtrain-newest-snapshot"
+_NO_WORKDIR = "@slurmtrain-no-workdir"  # its mkdir failed (before the setup's set -e)
 _PROBE = ("import importlib.metadata as m, launcher, contract.config.schema\n"
           "try:\n    v = m.version('slurmtrain')\nexcept m.PackageNotFoundError:\n    v = 'unknown'\n"
           f"print({_VERSION!r}, v)\n")
@@ -61,7 +62,7 @@ class Session:
         q = shlex.quote
         wd = self.remote.workdir.rstrip("/")
         script = "\n".join([
-            f"cd && mkdir -p {q(wd + '/' + SNAPSHOTS)} {q(wd + '/' + OUTPUTS)}",
+            f"cd && mkdir -p {q(wd + '/' + SNAPSHOTS)} {q(wd + '/' + OUTPUTS)} || echo {_NO_WORKDIR}",
             self._prelude(), f"echo {_SETUP_OK}", self._cd(), f"echo {_WORKDIR} \"$(pwd)\"",
             *([f"if [ -e {q(SNAPSHOTS + '/' + snapshot_id + '/' + MANIFEST)} ]; then echo {_HAVE}; fi",
                f"echo {_NEWEST} \"$(ls -t {SNAPSHOTS} | head -n 1)\""] if snapshot_id else []),
@@ -76,6 +77,10 @@ class Session:
         if _SETUP_OK not in said:
             raise ConfigError(f"the setup commands of remote {name} failed on its login node ({last_err}): fix "
                               "remote.setup, then try them in `" + self.conn.where + "`")
+        if _NO_WORKDIR in said or _WORKDIR not in said:  # it was reported as 'slurmtrain is missing (cd: ...)'
+            raise ConfigError(f"remote.workdir={self.remote.workdir} can't be created on the login node of remote "
+                              f"{name} ({last_err}): give a directory you can write there (relative: under your "
+                              "home)")
         self.workdir_abs = said.get(_WORKDIR, "")
         self.newest_snapshot = said.get(_NEWEST, "").strip()
         if _VERSION not in said:
