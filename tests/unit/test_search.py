@@ -210,25 +210,34 @@ def test_every_sampler_asks_as_the_workers_do(tmp_path: Path, sampler: str) -> N
     assert all(t.state == TrialState.COMPLETE for t in load_study(tmp_path, spec).get_trials())
 
 
-def test_a_trial_whose_ask_failed_is_failed_not_resumed_with_the_base_config(tmp_path: Path) -> None:
-    """A sampler that raised while asking (CMA-ES without its package did) left its trial RUNNING with no values;
-    the next command resumed it, training the base config recorded with empty parameters. The worker fails it,
-    saying why, and asks a new one."""
+def _lr_search(sweep_dir: Path, n_trials: int):  # type: ignore[no-untyped-def]
+    """A random search over optim.lr, its spec saved and its study created in sweep_dir: the worker's side."""
     import time
 
-    from optuna.trial import TrialState
-
     from contract.search import layout
-    from contract.search.optuna_objects import create_study, load_study
-    from launcher.sweeps.search_worker import Worker
+    from contract.search.optuna_objects import create_study
 
     spec = layout.SearchSpec(
         study_name="s", storage="", params={"optim.lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}},
         overrides=[], metric="val/val/loss", higher_is_better=False, pruner={"name": "none", "min_resource": 5},
-        sampler={"name": "random", "seed": 0}, n_trials=3, parallel=1, max_gpu_hours=None, timeout=None,
-        max_steps=30, ranks=1, cwd=str(tmp_path), command="", created=time.time())
-    layout.save_spec(tmp_path, spec)
-    create_study(tmp_path, spec)
+        sampler={"name": "random", "seed": 0}, n_trials=n_trials, parallel=1, max_gpu_hours=None, timeout=None,
+        max_steps=30, ranks=1, cwd=str(sweep_dir), command="", created=time.time())
+    layout.save_spec(sweep_dir, spec)
+    create_study(sweep_dir, spec)
+    return spec
+
+
+def test_a_trial_whose_ask_failed_is_failed_not_resumed_with_the_base_config(tmp_path: Path) -> None:
+    """A sampler that raised while asking (CMA-ES without its package did) left its trial RUNNING with no values;
+    the next command resumed it, training the base config recorded with empty parameters. The worker fails it,
+    saying why, and asks a new one."""
+    from optuna.trial import TrialState
+
+    from contract.search import layout
+    from contract.search.optuna_objects import load_study
+    from launcher.sweeps.search_worker import Worker
+
+    spec = _lr_search(tmp_path, 3)
     assert load_study(tmp_path, spec).ask().number == 0  # asked, no value drawn
     layout.write_json(tmp_path / layout.RESUME_FILE, [0])
     assert Worker(tmp_path, 0).take() == 1
@@ -240,19 +249,11 @@ def test_a_trial_whose_ask_failed_is_failed_not_resumed_with_the_base_config(tmp
 def test_continuing_with_fewer_trials_than_were_asked_is_refused(tmp_path: Path) -> None:
     """search.n_trials lowered below the trials a search already holds was taken, and status then said '6 of 3'."""
     import dataclasses
-    import time
 
-    from contract.search import layout
-    from contract.search.optuna_objects import create_study, load_study
+    from contract.search.optuna_objects import load_study
     from launcher.sweeps.search import _continued
 
-    spec = layout.SearchSpec(
-        study_name="s", storage="", params={"optim.lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True}},
-        overrides=[], metric="val/val/loss", higher_is_better=False, pruner={"name": "none", "min_resource": 5},
-        sampler={"name": "random", "seed": 0}, n_trials=6, parallel=1, max_gpu_hours=None, timeout=None,
-        max_steps=30, ranks=1, cwd=str(tmp_path), command="", created=time.time())
-    layout.save_spec(tmp_path, spec)
-    create_study(tmp_path, spec)
+    spec = _lr_search(tmp_path, 6)
     for _ in range(4):
         load_study(tmp_path, spec).ask()
     with pytest.raises(ConfigError, match="search.n_trials=3: .* already holds 4 trials: give search.n_trials=4"):
