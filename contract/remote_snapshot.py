@@ -7,6 +7,9 @@ that never changes once made, and the manifest both sides read.
                   {"format": 1, "id", "created", "source" (the local directory), "git" ({"commit", "dirty",
                   "diff"} or null outside a git tree), "files": [{"path", "size", "sha256", "executable"}]}
     outputs       ID/outputs -> ../../outputs: run.root's default lands in WORKDIR/outputs, shared by snapshots
+    GIT_STATES    ID/.slurmtrain-git/KEY.json: the git state ({"commit", "dirty", "diff"}) of a later launch of the
+                  same content (a commit that changed no shipped file): the launcher runs with GIT_STATE_ENV=KEY and
+                  its run records that state, not the manifest's first one
 
 The launcher runs in ID/ on the cluster, so a job (and its requeues) imports the code it was submitted with;
 the run directory's environment.json names the snapshot and commit (`snapshot_record`) and snapshot.diff holds
@@ -28,13 +31,18 @@ MANIFEST = ".slurmtrain-snapshot.json"
 SNAPSHOTS = "snapshots"
 OUTPUTS = "outputs"
 DIFF_FILE = "snapshot.diff"
+GIT_STATES = ".slurmtrain-git"
+GIT_STATE_ENV = "SLURMTRAIN_SNAPSHOT_GIT"
 
 # Never shipped, git tree or not: secrets (keys, .env files, credentials) and what is not code (version control,
 # caches, virtual environments, run outputs, trackers' local files).
 SECRET_EXCLUDE = (".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "id_rsa*", "id_dsa*", "id_ecdsa*",
                   "id_ed25519*", ".ssh", ".netrc", ".pypirc", ".git-credentials", "credentials*", ".aws", ".gnupg")
-DEFAULT_EXCLUDE = SECRET_EXCLUDE + (
-    ".git", ".hg", ".svn", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+# Bytecode, left out of a git tree's untracked files too: a local run's fresh .pyc files made a new snapshot (and a copy)
+# of code that had not changed.
+BYTECODE = ("__pycache__", "*.pyc")
+DEFAULT_EXCLUDE = SECRET_EXCLUDE + BYTECODE + (
+    ".git", ".hg", ".svn", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache",
     ".ipynb_checkpoints", "node_modules", "*.egg-info", "outputs", "multirun", "wandb", "lightning_logs",
     "mlruns", ".DS_Store", MANIFEST)
 
@@ -62,6 +70,24 @@ def manifest(files: list[SnapshotFile], source: str, git: dict[str, Any] | None,
             "files": [f.to_json() for f in sorted(files, key=lambda f: f.path)]}
 
 
+def git_state_key(git: dict[str, Any]) -> str:
+    """The name of a git state's file under GIT_STATES: the first 16 hex digits of its JSON's SHA-256."""
+    return hashlib.sha256(json.dumps(git, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _git_of(here: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """The git state this launch was made from: the one GIT_STATE_ENV names, else the manifest's (the first launch's)."""
+    key = os.environ.get(GIT_STATE_ENV, "")
+    if key:
+        try:
+            state = json.loads((here / GIT_STATES / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            state = None
+        if isinstance(state, dict):
+            return state
+    return data.get("git") or {}
+
+
 def read_manifest(directory: Path) -> dict[str, Any] | None:
     """The manifest of the snapshot DIRECTORY is, or None (not a snapshot, or an unreadable one)."""
     try:
@@ -78,12 +104,13 @@ def snapshot_record(launch_dir: str | None = None) -> dict[str, Any] | None:
     data = read_manifest(here)
     if data is None:
         return None
-    git = data.get("git") or {}
+    git = _git_of(here, data)
     return {"id": data.get("id"), "path": str(here), "git_commit": git.get("commit"), "git_dirty": git.get("dirty"),
             "source": data.get("source")}
 
 
 def snapshot_diff(launch_dir: str | None = None) -> str:
     """The snapshot's uncommitted changes (git diff HEAD) as taken, '' when none or not a snapshot."""
-    data = read_manifest(Path(launch_dir or os.getcwd()))
-    return str(((data or {}).get("git") or {}).get("diff") or "")
+    here = Path(launch_dir or os.getcwd())
+    data = read_manifest(here)
+    return str(_git_of(here, data).get("diff") or "") if data is not None else ""

@@ -345,4 +345,21 @@ def _run_here(sweep_dir: Path, spec: layout.SearchSpec) -> int:
         print("search stopped: a trial was checkpointed; run the same command to resume it and continue",
               file=sys.stderr)
         return EXIT_STOPPED
-    return next((c for c in codes if c), 0)
+    return next((c for c in codes if c), 0) or _ended_without_best(sweep_dir)
+
+
+def _ended_without_best(sweep_dir: Path) -> int:
+    """1 when the search ended with no trial complete (every one pruned or failed: no best to export or compare), with
+    a line saying so; 0 otherwise. A script chaining `search && export` stopped at a best that was not there."""
+    from collections import Counter
+
+    from launcher.sweeps.search_status import collect
+
+    summary = collect(sweep_dir)
+    if summary.best is not None:
+        return 0
+    counts = Counter(r.state for r in summary.trials)
+    print(f"search {sweep_dir.name}: no trial completed ({', '.join(f'{n} {state}' for state, n in counts.items())}"
+          "): there is no best; the table above says why each ended: widen the space, or loosen search.pruner "
+          "(search.min_improvement=0 turns off the step-0 rule)", file=sys.stderr)
+    return 1

@@ -29,6 +29,15 @@ class TrialRow:
     run_dir: str
     reason: str = ""
     values: dict[int, float] = field(default_factory=dict)
+    step_s: float | None = None  # a trained step's wall time once running (search_worker.steady_step_seconds)
+
+    def gpu_hours_to_end(self) -> float:
+        """GPU-hours had this trial run to its last step: what it used, plus its steps left at its steady pace (its
+        time per step so far, start-up included, when it has no pace yet)."""
+        left = max(self.max_steps - self.steps, 0)
+        if self.step_s is not None:
+            return (self.seconds + left * self.step_s) * self.ranks / 3600
+        return self.seconds * self.ranks * (self.max_steps / self.steps if self.steps else 1.0) / 3600
 
 
 @dataclass
@@ -59,13 +68,14 @@ def collect(sweep_dir: Path) -> Summary:
                              value=t.value if t.value is not None else last, steps=steps,
                              max_steps=int(ua.get("max_steps", spec.max_steps)), seconds=float(ua.get("seconds", 0)),
                              ranks=int(ua.get("ranks", spec.ranks)), run_dir=str(ua.get("run_dir", "")),
-                             reason=str(ua.get("reason", "")), values=values))
+                             reason=str(ua.get("reason", "")), values=values,
+                             step_s=float(ua["step_s"]) if "step_s" in ua else None))
     complete = [r for r in rows if r.state == "complete" and r.value is not None and math.isfinite(r.value)]
     best = None
     if complete:
         best = (max if spec.higher_is_better else min)(complete, key=lambda r: r.value)  # type: ignore[arg-type,return-value]
     used = sum(r.seconds * r.ranks for r in rows) / 3600
-    to_end = sum(r.seconds * r.ranks * (r.max_steps / r.steps if r.steps else 1.0) for r in rows) / 3600
+    to_end = sum(r.gpu_hours_to_end() for r in rows)
     return Summary(rows, best, spec.metric, spec.higher_is_better, spec.n_trials, used, to_end,
                    sum(r.steps for r in rows), sum(r.max_steps for r in rows))
 
@@ -109,6 +119,7 @@ def write_report(sweep_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     s = collect(sweep_dir)
     if not any(r.values for r in s.trials):
@@ -144,7 +155,10 @@ def write_report(sweep_dir: Path) -> list[Path]:
             continue
         best.append(cand)
         numbers.append(r.number)
-    ax_best.step(numbers, best, where="post")
+    ax_best.step(numbers, best, where="post", marker="o")
+    if not best:  # an empty panel read as a drawing fault
+        ax_best.text(0.5, 0.5, "no trial complete yet", ha="center", va="center", transform=ax_best.transAxes)
+    ax_best.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole: no half-trial ticks
     ax_best.set_xlabel("trial")
     ax_best.set_ylabel(f"best {s.metric} so far")
     ax_best.set_title("best so far")

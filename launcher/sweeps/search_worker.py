@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from contract.errors import EXIT_KILLED, EXIT_STOPPED, ConfigError
 from contract.rundir import ckpt_layout
 from contract.rundir.events import read_events
-from contract.rundir.metrics_file import read_metrics
+from contract.rundir.metrics_file import read_metrics, training_rows
 from contract.search import layout
 from contract.search.optuna_objects import distributions, load_study
 
@@ -225,6 +225,9 @@ class Worker:
         before = float(study.get_trials(deepcopy=False)[number].user_attrs.get("seconds", 0.0))
         study._storage.set_trial_user_attr(trial_id, "seconds", before + seconds)
         study._storage.set_trial_user_attr(trial_id, "steps", steps_trained(run_dir))
+        step_s = steady_step_seconds(run_dir)
+        if step_s is not None:
+            study._storage.set_trial_user_attr(trial_id, "step_s", step_s)
 
     def tell(self, study: Any, number: int, run_dir: Path, how: str, reason: str = "") -> str:
         import optuna
@@ -260,6 +263,18 @@ def steps_trained(run_dir: Path) -> int:
     latest = ckpt_layout.latest_complete_checkpoint(run_dir)
     steps = [int(rows[-1]["step"])] if rows else []
     return max(steps + ([latest.step] if latest else []), default=0)
+
+
+def steady_step_seconds(run_dir: Path) -> float | None:
+    """A trained step's wall time once running: the median, over consecutive logged training rows, of the time between
+    them per step. Start-up, a resume's restart and the odd evaluation or checkpoint fall outside the median (they
+    made a pruned or interrupted trial's time-per-step read several times too high). None below two rows."""
+    import statistics
+
+    rows = [r for r in training_rows(read_metrics(run_dir)) if isinstance(r.get("time"), int | float)]
+    pace = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:], strict=False)
+            if b["step"] > a["step"] and b["time"] >= a["time"]]
+    return statistics.median(pace) if pace else None
 
 
 def failure_reason(run_dir: Path, code: int) -> str:

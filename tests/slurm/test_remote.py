@@ -54,34 +54,38 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     project, workdir, env = laptop
     logins_before = authentications()
     original = (project / "model.py").read_text()
+    # A sweep's dry run (-m goes through) copies the snapshot.
+    dry = run(project, env, "-m", "launcher", "-m", *PROJECT, "model.args.dim=32,48", "launcher.dry_run=true",
+              "+remote=test")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "dry run: this array would run points 0, 1" in dry.stdout + dry.stderr
+    snap_id = re.search(r"snapshot (\w+) copied", dry.stderr).group(1)  # type: ignore[union-attr]
+    # A commit that changes no shipped file is the same snapshot, on the cluster already: not copied. The run
+    # records this launch's commit (it recorded the first launch's, from the snapshot's manifest).
+    git = ["git", "-C", str(project), "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "no shipped change"], check=True)
     out = run(project, env, "-m", "launcher", *PROJECT, "run.name=laptop_run", "+remote=test")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert f"snapshot {snap_id} already on" in out.stderr
     # The job runs the snapshot: an edit made here right after submission (one that breaks the model) can't reach it.
     (project / "model.py").write_text("raise SystemExit('the edited model.py ran')\n")
     job_id = submitted_job_id(out.stdout + out.stderr)
-    snap_id = re.search(r"snapshot (\w+) copied", out.stderr).group(1)  # type: ignore[union-attr]
     assert [p.name for p in snapshots(workdir)] == [snap_id]
     assert (workdir / "snapshots" / snap_id / "model.py").read_text() == original
     shipped = [f["path"] for f in json.loads((workdir / "snapshots" / snap_id / MANIFEST).read_text())["files"]]
     assert "model.py" in shipped and ".env" not in shipped  # secrets stay here
     assert wait_terminal(job_id) == "COMPLETED"
     environment = json.loads((workdir / "outputs" / "laptop_run" / "environment.json").read_text())
-    commit = subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
     assert environment["snapshot"]["id"] == snap_id
     assert environment["snapshot"]["git_commit"] == commit.stdout.strip()
+    assert environment["snapshot"]["git_dirty"] is False
     # The local WANDB_API_KEY (and the .env's) reached neither the remote command's environment nor the run.
     assert "local-secret" not in (workdir / "remote_env.txt").read_text()
     assert "SSH_CONNECTION=" in (workdir / "remote_env.txt").read_text()
     assert "local-secret" not in (workdir / "outputs" / "laptop_run" / "config.yaml").read_text()
-
-    # The same project again (the edit undone), as a sweep's dry run (-m goes through): the snapshot is on the
-    # cluster already, not copied.
     (project / "model.py").write_text(original)
-    again = run(project, env, "-m", "launcher", "-m", *PROJECT, "model.args.dim=32,48", "launcher.dry_run=true",
-                "+remote=test")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"snapshot {snap_id} already on" in again.stderr
-    assert "dry run: this array would run points 0, 1" in again.stdout + again.stderr
+
     # An edit is a new snapshot; what it left unchanged is not sent again but hard-linked to the earlier one.
     (project / "data.py").write_text((project / "data.py").read_text() + "\n# edited\n")
     edited = run(project, env, "-m", "launcher", *PROJECT, "launcher.dry_run=true", "+remote=test")

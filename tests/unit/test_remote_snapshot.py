@@ -47,6 +47,8 @@ def test_a_git_tree_ships_tracked_and_unignored_files_never_secrets(tmp_path: Pa
     assert ".env" not in _paths(tmp_path)
     assert set(_paths(tmp_path)) >= {".gitignore", "new.py", "pkg/model.py", "train.py"}
     assert not any(p.startswith(("data/", "outputs/", "keys/")) or p == "notes.pem" for p in _paths(tmp_path))
+    # Untracked bytecode (no .gitignore entry for it) was shipped: each local run's .pyc made a new snapshot.
+    assert not any("__pycache__" in p or p.endswith(".pyc") for p in _paths(tmp_path))
     (tmp_path / "train.py").write_text("print(2)\n")
     # A tracked .env changed beside it: its diff (the old secret and the new) was written into the snapshot's
     # manifest and the run's snapshot.diff. And .envrc (direnv's exports) was shipped.
@@ -90,6 +92,27 @@ def test_the_manifest_names_the_snapshot_in_the_run_directory(tmp_path: Path) ->
     assert snapshot_record(str(tmp_path)) == {"id": snap.id, "path": str(tmp_path), "git_commit": None,
                                               "git_dirty": None, "source": str(tmp_path)}
     assert snapshot_record(str(tmp_path / "nowhere")) is None
+
+
+def test_a_later_launch_of_the_same_content_records_its_own_commit(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that changed no shipped file is the same snapshot, not copied again; the run recorded the manifest's
+    commit and diff, the first launch's. The later launch's state is written beside it and named by the env."""
+    from contract.remote_snapshot import GIT_STATE_ENV, GIT_STATES, git_state_key, snapshot_diff
+
+    first = {"commit": "a" * 40, "dirty": True, "diff": "+old edit\n"}
+    later = {"commit": "b" * 40, "dirty": False, "diff": ""}
+    snap = snapshot.Snapshot(tmp_path, [], first, {"format": 1, "id": "0123", "git": first, "source": "/laptop"})
+    (tmp_path / ".slurmtrain-snapshot.json").write_text(json.dumps(snap.manifest))
+    (tmp_path / GIT_STATES).mkdir()
+    (tmp_path / GIT_STATES / f"{git_state_key(later)}.json").write_text(json.dumps(later))
+    monkeypatch.delenv(GIT_STATE_ENV, raising=False)
+    assert snapshot_record(str(tmp_path))["git_commit"] == "a" * 40  # type: ignore[index]
+    assert snapshot_diff(str(tmp_path)) == "+old edit\n"
+    monkeypatch.setenv(GIT_STATE_ENV, git_state_key(later))
+    assert snapshot_record(str(tmp_path))["git_commit"] == "b" * 40  # type: ignore[index]
+    assert snapshot_record(str(tmp_path))["git_dirty"] is False  # type: ignore[index]
+    assert snapshot_diff(str(tmp_path)) == ""
 
 
 def test_the_remote_arguments_are_taken_out_and_the_rest_runs_there(tmp_path: Path) -> None:

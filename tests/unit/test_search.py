@@ -293,3 +293,58 @@ def test_a_local_worker_is_stopped_when_the_command_that_started_it_dies(tmp_pat
         assert readable, "the worker outlived the command that started it"
     finally:
         os.close(ended)
+
+
+def test_the_gpu_hours_to_the_end_extrapolate_the_steady_pace_not_the_start_up(tmp_path: Path) -> None:
+    """A pruned trial's time per step was its seconds over its steps, start-up and a resume's restart included: the
+    status's 'GPU-hours ... had every trial run to the end' read about 4x high after an interruption. The steps left
+    go at the steady pace (the median between logged rows); what was used counts as used."""
+    import json
+
+    from optuna.trial import TrialState
+
+    from contract.search.optuna_objects import distributions, load_study
+    from launcher.sweeps.search_status import collect
+    from launcher.sweeps.search_worker import steady_step_seconds
+
+    run_dir = tmp_path / "trial"
+    run_dir.mkdir()
+    # 60 s of start-up before step 2, 0.5 s a step, a 300 s restart between steps 6 and 8, then 0.5 s a step again.
+    times = {2: 60.0, 4: 61.0, 6: 62.0, 8: 362.0, 10: 363.0, 12: 364.0}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "time": 1e9 + t, "loss": 1.0}) + "\n"
+                                                   for k, t in times.items()))
+    assert steady_step_seconds(run_dir) == pytest.approx(0.5)
+    assert steady_step_seconds(tmp_path / "no_trial") is None
+
+    spec = _lr_search(tmp_path, 2)
+    study = load_study(tmp_path, spec)
+    trial = study.ask(distributions(spec))
+    for key, value in {"seconds": 364.0, "steps": 12, "max_steps": 30, "ranks": 2, "step_s": 0.5}.items():
+        trial.set_user_attr(key, value)
+    trial.report(2.0, 5)
+    study.tell(trial.number, state=TrialState.PRUNED)
+    summary = collect(tmp_path)
+    assert summary.gpu_hours == pytest.approx(364.0 * 2 / 3600)
+    assert summary.gpu_hours_to_end == pytest.approx((364.0 + 18 * 0.5) * 2 / 3600)  # not 364 x 30/12 x 2
+
+
+def test_a_local_search_with_no_complete_trial_exits_1_saying_so(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Every trial pruned (or failed) ended the command with 0, and `search && export --best` then failed later."""
+    from optuna.trial import TrialState
+
+    from contract.search.optuna_objects import distributions, load_study
+    from launcher.sweeps.search import _ended_without_best
+
+    spec = _lr_search(tmp_path, 3)
+    study = load_study(tmp_path, spec)
+    for how in (TrialState.PRUNED, TrialState.PRUNED, TrialState.FAIL):
+        trial = study.ask(distributions(spec))
+        trial.report(3.0, 5)
+        study.tell(trial.number, state=how)
+    assert _ended_without_best(tmp_path) == 1
+    said = capsys.readouterr().err
+    assert "no trial completed (2 pruned, 1 failed): there is no best" in said and "search.min_improvement=0" in said
+    trial = study.ask(distributions(spec))
+    study.tell(trial.number, 2.5)
+    assert _ended_without_best(tmp_path) == 0

@@ -24,8 +24,11 @@ def forward(argv: list[str]) -> int | None:
         snap = snapshot.take(project, remote)  # the size limit before any login
         session = Session.open(remote)
         present = session.check(snap.id)
+        env = {}
         if present:
             print(f"remote {remote.name}: snapshot {snap.id} already on {remote.host}, not copied", file=sys.stderr)
+            if snap.git is not None:  # the same files, maybe at another commit: the run records this launch's
+                env = snapshot.record_git_state(snap, session.conn, remote)
         else:
             like = session.newest_snapshot and f"{session.workdir_abs}/{snapshot.SNAPSHOTS}/{session.newest_snapshot}"
             snapshot.ship(snap, session.conn, remote, like=like)
@@ -35,7 +38,7 @@ def forward(argv: list[str]) -> int | None:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     tty = sys.stdin.isatty() and sys.stdout.isatty()
-    code, _ = session.run_python("launcher", rest, cwd_below=(snapshot.SNAPSHOTS, snap.id), tty=tty)
+    code, _ = session.run_python("launcher", rest, cwd_below=(snapshot.SNAPSHOTS, snap.id), tty=tty, env=env)
     return code
 
 

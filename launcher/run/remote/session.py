@@ -98,16 +98,17 @@ class Session:
         return _HAVE in said
 
     def run_python(self, module: str, args: list[str], cwd_below: tuple[str, ...] = (), capture: bool = False,
-                   tty: bool = False, run_code: bool = False) -> tuple[int, str]:
-        """`PYTHON -m MODULE ARGS` in WORKDIR (or below it), after the setup; its exit code and, with capture, its
-        standard output (also echoed here as it comes). run_code: the snapshot of the run an argument names goes
-        first on PYTHONPATH."""
+                   tty: bool = False, run_code: bool = False, env: dict[str, str] | None = None) -> tuple[int, str]:
+        """`PYTHON -m MODULE ARGS` in WORKDIR (or below it), after the setup, with ENV exported; its exit code and,
+        with capture, its standard output (also echoed here as it comes). run_code: the snapshot of the run an
+        argument names goes first on PYTHONPATH."""
         code_of_run = []
         if run_code:  # the run's own modules (a project's model.py) are importable as when it was launched
             find = shlex.join([self.remote.python, "-c", _RUN_SNAPSHOT, *args])
             code_of_run = [f"snap=$({find} 2>/dev/null) || snap=",
                            'if [ -n "$snap" ]; then export PYTHONPATH="$snap${PYTHONPATH:+:$PYTHONPATH}"; fi']
-        script = "\n".join([self._prelude(), self._cd(*cwd_below), *code_of_run,
+        exports = [f"export {key}={shlex.quote(value)}" for key, value in (env or {}).items()]
+        script = "\n".join([self._prelude(), self._cd(*cwd_below), *code_of_run, *exports,
                             "exec " + shlex.join([self.remote.python, "-m", module, *args])])
         if not capture:
             done = self.conn.run(script, tty=tty)

@@ -2,7 +2,7 @@
 the size limit, and the copy with rsync over the open connection (only when the cluster lacks that snapshot).
 
 A git work tree ships its tracked files plus the untracked ones git does not ignore; any other directory ships
-every file less DEFAULT_EXCLUDE. Secrets (SECRET_EXCLUDE) and remote.exclude are left out of both.
+every file less DEFAULT_EXCLUDE. Secrets (SECRET_EXCLUDE), bytecode and remote.exclude are left out of both.
 """
 
 from __future__ import annotations
@@ -23,12 +23,16 @@ from typing import Any
 from contract.config.remote import RemoteConfig
 from contract.errors import ConfigError
 from contract.remote_snapshot import (
+    BYTECODE,
     DEFAULT_EXCLUDE,
+    GIT_STATE_ENV,
+    GIT_STATES,
     MANIFEST,
     OUTPUTS,
     SECRET_EXCLUDE,
     SNAPSHOTS,
     SnapshotFile,
+    git_state_key,
     manifest,
 )
 from launcher.run.remote.ssh import Connection
@@ -55,7 +59,8 @@ class Snapshot:
 def take(project: Path, remote: RemoteConfig) -> Snapshot:
     """Hash the project's files; a project over remote.max_snapshot_mb is refused, naming what made it big."""
     git = _git_files(project)
-    excluded = (SECRET_EXCLUDE + (MANIFEST, OUTPUTS) if git is not None else DEFAULT_EXCLUDE) + tuple(remote.exclude)
+    excluded = (SECRET_EXCLUDE + BYTECODE + (MANIFEST, OUTPUTS) if git is not None else DEFAULT_EXCLUDE) + tuple(
+        remote.exclude)
     paths = git if git is not None else _walk(project, excluded)
     kept = sorted(p for p in paths if not _excluded(p, excluded))
     sizes = {p: (project / p).lstat().st_size for p in kept if (project / p).is_file() or (project / p).is_symlink()}
@@ -190,3 +195,20 @@ def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig, like: str =
         said = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise ConfigError(f"the snapshot {snapshot.id} could not be completed on {remote.host} ({said}): check "
                           "that remote.workdir is writable")
+
+
+def record_git_state(snapshot: Snapshot, conn: Connection, remote: RemoteConfig) -> dict[str, str]:
+    """The snapshot is on the cluster already, taken maybe at another commit (one that changed no shipped file): its
+    manifest's git state is the first launch's. This launch's goes into ID/GIT_STATES/KEY.json, and the environment
+    returned (GIT_STATE_ENV=KEY) makes the run record it (contract/remote_snapshot.py)."""
+    assert snapshot.git is not None
+    key = git_state_key(snapshot.git)
+    q = shlex.quote
+    where = f"{remote.workdir.rstrip('/')}/{SNAPSHOTS}/{snapshot.id}/{GIT_STATES}"
+    script = (f"cd && mkdir -p {q(where)} && cd {q(where)} && cat > .{key}.$$ && mv -f .{key}.$$ {key}.json")
+    done = conn.run(script, capture=True, stdin=json.dumps(snapshot.git) + "\n")
+    if done.returncode:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ConfigError(f"the commit of snapshot {snapshot.id} could not be recorded on {remote.host} ({said}): "
+                          "check that remote.workdir is writable")
+    return {GIT_STATE_ENV: key}
