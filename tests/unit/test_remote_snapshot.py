@@ -131,8 +131,13 @@ def test_the_remote_arguments_are_taken_out_and_the_rest_runs_there(tmp_path: Pa
 
 def test_a_bad_remote_is_one_line(tmp_path: Path) -> None:
     _write(tmp_path, {"remote/typo.yaml": "host: h\nprot: 22\n", "remote/nohost.yaml": "user: me\n"})
-    with pytest.raises(ConfigError, match=r"remote typo \(.*typo.yaml\): Key 'prot' not in 'RemoteConfig'"):
+    # A misspelt key says what it most likely means (it pointed at contract/config/remote.py, a file of the package)
+    with pytest.raises(ConfigError, match=r"remote typo has no key 'prot' \(in .*typo.yaml\): did you mean port\?"):
         config.load("typo", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"no key 'hots' \(remote.hots=...\): did you mean host\?"):
+        config.load("nohost", str(tmp_path), ["remote.hots=x"])
+    with pytest.raises(ConfigError, match=r"no key 'zzz' .*: a remote's keys are host, user, port, .*, exclude "):
+        config.load("nohost", str(tmp_path), ["remote.zzz=1"])
     with pytest.raises(ConfigError, match="sets no host"):
         config.load("nohost", str(tmp_path))
     with pytest.raises(ConfigError, match="no remote named 'nosuch'.*known: .*nohost, typo"):

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import yaml
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from contract.config.remote import RemoteConfig
+from contract.config.suggest import close_key
 from contract.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
@@ -72,9 +73,11 @@ def load(name: str, config_dir: str | None = None, overrides: list[str] | tuple[
         if OmegaConf.is_missing(merged, "host"):
             raise ConfigError(f"{path} sets no host: add `host: LOGIN_NODE` (a name or an alias of ~/.ssh/config)")
         remote = OmegaConf.to_object(merged)
+    except ConfigKeyError as err:  # a misspelt key, in the YAML or an override
+        raise ConfigError(_unknown_key(name, path, str(err.key), overrides)) from None
     except OmegaConfBaseException as err:
         said = str(err).splitlines()[0]
-        raise ConfigError(f"remote {name} ({path}): {said}; see contract/config/remote.py for its keys") from None
+        raise ConfigError(f"remote {name} ({path}): {said}; see docs/remote.md for its keys") from None
     except yaml.YAMLError as err:  # `host: [x`: a traceback and exit 1 before
         said = " ".join(str(err).split())
         raise ConfigError(f"remote {name}: {path} is not valid YAML ({said}): fix it") from None
@@ -91,3 +94,12 @@ def load(name: str, config_dir: str | None = None, overrides: list[str] | tuple[
     if remote.workdir == "~" or remote.workdir.startswith("~/"):  # the remote shell starts in the home directory
         remote.workdir = remote.workdir.removeprefix("~").lstrip("/") or "."
     return remote
+
+
+def _unknown_key(name: str, path: Path, key: str, overrides: list[str] | tuple[str, ...]) -> str:
+    """A key a remote does not have, where it was given, and the key it most likely means (else all of them)."""
+    keys = [f.name for f in dataclasses.fields(RemoteConfig) if f.name != "name"]
+    where = f"remote.{key}=..." if any(o.startswith(f"remote.{key}=") for o in overrides) else f"in {path}"
+    close = close_key(key, keys)
+    fix = f"did you mean {close}?" if close else f"a remote's keys are {', '.join(keys)}"
+    return f"remote {name} has no key {key!r} ({where}): {fix} (docs/remote.md)"
