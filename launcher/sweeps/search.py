@@ -25,6 +25,7 @@ from contract.rules.eval_sets import resolved_sets
 from contract.rules.metric_order import ranking
 from contract.search import layout
 from contract.search.optuna_objects import PRUNERS, SAMPLERS
+from launcher.run.remote.hints import follow_command
 from launcher.sweeps.search_space import Space, grid_values, override, parse
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def _run(launcher: SweepLauncher, config: DictConfig, arguments: list[str]) -> i
     live = search_submit.live_tasks(spec)
     if live:
         print(f"search {sweep_dir.name}: its workers are still queued or running ({', '.join(live)}): left alone; "
-              f"follow them with python -m launcher.status {shlex.quote(str(sweep_dir))}")
+              f"follow them with {follow_command('launcher.status', sweep_dir)}")
         return 0
     search_submit.preflight(base, sweep_dir)
     _create(sweep_dir, spec, base)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from contract.errors import ConfigError
 from contract.rules.sbatch import executor_parameters, tasks_per_node
 from contract.search import layout
+from launcher.run.remote.hints import follow_command
 
 
 def worker_parameters(cfg: DictConfig) -> dict[str, Any]:
@@ -51,13 +52,13 @@ def submit_workers(sweep_dir: Path, spec: layout.SearchSpec, cfg: DictConfig) ->
     array_id = str(jobs[0].job_id).split("_")[0]
     spec.arrays.append(array_id)
     layout.save_spec(sweep_dir, spec)
-    quoted = shlex.quote(str(sweep_dir))
+    status = follow_command("launcher.status", sweep_dir)
     print(f"submitted array {array_id}: {spec.parallel} search worker(s)\n"
           f"sweep directory: {sweep_dir}\n"
-          f"status:          python -m launcher.status {quoted}\n"
-          f"plots:           python -m launcher.report {quoted}")
+          f"status:          {status}\n"
+          f"plots:           {follow_command('launcher.report', sweep_dir)}")
     if cfg.launcher.wait:
-        return slurm.follow_tasks([str(job.job_id) for job in jobs], f"python -m launcher.status {quoted}")
+        return slurm.follow_tasks([str(job.job_id) for job in jobs], status)
     return 0
 
 

@@ -6,7 +6,6 @@ another, without `+cluster`). The sweep directory records it all (launcher/sweep
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from launcher.checks import resume_checks
 from launcher.checks.overrides import override_key, typed_as
 from launcher.plan.launch_plan import Plan, make_plan
 from launcher.run import rundir, slurm
+from launcher.run.remote.hints import follow_command
 from launcher.sweeps.summary import print_summary
 from launcher.sweeps.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
 
@@ -238,11 +238,11 @@ def submit_arrays(points: list[PointRun], sweep: Sweep, sweep_dir: Path) -> int:
     if not todo:
         print("nothing submitted: every point is finished or still queued")
     print(f"sweep directory: {sweep_dir}\n"
-          f"status:          python -m launcher.status {shlex.quote(str(sweep_dir))}\n"
-          f"plots:           python -m launcher.report {shlex.quote(str(sweep_dir))}")
+          f"status:          {follow_command('launcher.status', sweep_dir)}\n"
+          f"plots:           {follow_command('launcher.report', sweep_dir)}")
     follow = [p.point.jobs[-1] for p in todo] + [p.live_job for p in points if p.action == "live"]
     if first.cfg.launcher.wait and follow:
-        return slurm.follow_tasks(follow, f"python -m launcher.status {shlex.quote(str(sweep_dir))}")
+        return slurm.follow_tasks(follow, follow_command("launcher.status", sweep_dir))
     return 0
 
 

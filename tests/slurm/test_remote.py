@@ -67,6 +67,9 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     out = run(project, env, "-m", "launcher", *PROJECT, "run.name=laptop_run", "+remote=test")
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"snapshot {snap_id} already on" in out.stderr
+    # Its status line is the laptop's command (NAME:PATH), not the login node's path.
+    status_line = next(line.strip() for line in out.stdout.splitlines() if line.strip().startswith("status:"))
+    assert status_line.split(None, 1)[1] == "python -m launcher.status --config-dir conf test:outputs/laptop_run"
     # The job runs the snapshot: an edit made here right after submission (one that breaks the model) can't reach it.
     (project / "model.py").write_text("raise SystemExit('the edited model.py ran')\n")
     job_id = submitted_job_id(out.stdout + out.stderr)
@@ -101,6 +104,8 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     assert status.returncode == 0, status.stderr
     row = next(line.split() for line in status.stdout.splitlines() if line.startswith("laptop_run"))
     assert row[1:4] == [job_id, "COMPLETED", "4/4"]
+    as_printed = run(project, env, *status_line.split()[2:])  # the submission's line, typed here as printed
+    assert as_printed.returncode == 0 and job_id in as_printed.stdout, as_printed.stderr
     report = run(project, env, "-m", "launcher.report", "--config-dir", "conf", "test:outputs/laptop_run")
     assert report.returncode == 0, report.stderr
     png = project / "outputs" / "laptop_run" / "loss.png"

@@ -187,3 +187,21 @@ def test_ssh_shares_a_connection_unless_the_users_config_has_its_own(tmp_path: P
     patient.write_text("Host login\n  ConnectTimeout 120\n")
     assert not any(o.startswith("ConnectTimeout") for o in Connection(
         RemoteConfig(name="t", host="login", ssh_config=str(patient))).base())
+
+
+def test_a_submission_from_a_laptop_prints_commands_the_laptop_can_type(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its `status:` and `plots:` lines named the login node's absolute paths, which mean nothing on the laptop."""
+    from launcher.run.remote.hints import ORIGIN_ENV, follow_command, origin_env
+
+    work = tmp_path / "work dir"
+    (work / "outputs" / "sweeps" / "lr").mkdir(parents=True)
+    (work / "snapshots" / "abc").mkdir(parents=True)
+    (work / "snapshots" / "abc" / "outputs").symlink_to("../../outputs")
+    sweep = work / "snapshots" / "abc" / "outputs" / "sweeps" / "lr"  # as the launcher in the snapshot sees it
+    monkeypatch.delenv(ORIGIN_ENV, raising=False)
+    assert follow_command("launcher.status", sweep) == f"python -m launcher.status '{sweep}'"
+    monkeypatch.setenv(ORIGIN_ENV, origin_env("big", "my conf", str(work))[ORIGIN_ENV])
+    assert follow_command("launcher.report", sweep) == "python -m launcher.report --config-dir 'my conf' big:outputs/sweeps/lr"
+    monkeypatch.setenv(ORIGIN_ENV, origin_env("big", None, str(work))[ORIGIN_ENV])
+    assert follow_command("launcher.status", "/elsewhere/run") == "python -m launcher.status big:/elsewhere/run"

@@ -6,6 +6,7 @@
     session.py    log in, check slurmtrain there (present, same version), run a command with its output here
     launch.py     `python -m launcher ... +remote=NAME`: ship the snapshot, run the command in it
     commands.py   status, report, sample, export, evaluate with +remote=NAME or NAME:PATH; PNGs and exports back
+    hints.py      the status and report commands a submission prints, as the laptop types them (NAME:PATH)
 
 docs/remote.md says how to use it; tests/slurm/test_remote.py runs it through a real sshd (make sshd-up).
 """

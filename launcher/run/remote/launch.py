@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from contract.errors import EXIT_BAD_INPUT, ConfigError
-from launcher.run.remote import config, snapshot
+from launcher.run.remote import config, hints, snapshot
 from launcher.run.remote.session import Session
 
 
@@ -24,7 +24,7 @@ def forward(argv: list[str]) -> int | None:
         snap = snapshot.take(project, remote)  # the size limit before any login
         session = Session.open(remote)
         present = session.check(snap.id)
-        env = {}
+        env: dict[str, str] = {}
         if present:
             print(f"remote {remote.name}: snapshot {snap.id} already on {remote.host}, not copied", file=sys.stderr)
             if snap.git is not None:  # the same files, maybe at another commit: the run records this launch's
@@ -37,6 +37,7 @@ def forward(argv: list[str]) -> int | None:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    env.update(hints.origin_env(remote.name, args.config_dir, session.workdir_abs))  # its hints as typed here
     tty = sys.stdin.isatty() and sys.stdout.isatty()
     code, _ = session.run_python("launcher", rest, cwd_below=(snapshot.SNAPSHOTS, snap.id), tty=tty, env=env)
     return code
