@@ -8,6 +8,7 @@ Hydra exits first, the held text is turned into one `error:` line instead (`one_
 from __future__ import annotations
 
 import io
+import math
 import re
 import sys
 from typing import TextIO
@@ -146,6 +147,15 @@ def one_line(text: str) -> str:
         if "is not a ListConfig" in lines[1] and "=" in merging.group(1):
             value = merging.group(1).split("=", 1)[1]
             return f"error: {merging.group(1)} is one value and {key} takes a list: write {key}=[{value}]"
+        as_float = re.match(r"Value '([^']+)' of type 'float' could not be converted to Integer", lines[1])
+        if as_float:  # 1e2 and 2.0 read as floats; the integer they mean is the fix
+            value = float(as_float.group(1))
+            typed = merging.group(1).split("=", 1)[1] if "=" in merging.group(1) else as_float.group(1)
+            if value.is_integer():
+                return (f"error: {merging.group(1)}: {key} takes an integer, and {typed} reads as the float "
+                        f"{as_float.group(1)}: write {key}={int(value)}")
+            return f"error: {merging.group(1)}: {key} takes an integer: give a whole number ({math.floor(value)} or " \
+                   f"{math.ceil(value)})"
         return f"error: {merging.group(1)}: {lines[1]}: give {key} a value of its type"
     if "LexerNoViableAltException" in joined and "~" in joined:
         return ("error: Hydra's override grammar reads ~ as a deletion: quote a path that starts with ~ "

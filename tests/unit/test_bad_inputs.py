@@ -70,6 +70,11 @@ CASES = [
     Case("unknown-key", ("+trainer.foo=1",), "trainer.foo is not a slurmtrain key: drop +trainer.foo"),
     Case("misspelled-key", ("trainer.max_step=3",), "did you mean trainer.max_steps?"),
     Case("wrong-type", ("trainer.max_steps=many",), "give trainer.max_steps a value of its type"),
+    # an integer key typed as a float: the integer meant is the fix (it said "Value '100.0' of type 'float' could not
+    # be converted to Integer")
+    Case("int-as-exponent", ("data.seq_len=1e2",), "data.seq_len takes an integer, and 1e2 reads as the float 100.0: "
+                                                   "write data.seq_len=100"),
+    Case("int-fraction", ("trainer.max_steps=2.5",), "trainer.max_steps takes an integer: give a whole number (2 or 3)"),
     Case("group-choice", ("strategy=nope",), "choose strategy= one of auto, ddp"),
     Case("grammar", ("model.d_model=[1",), "write overrides as key=value"),
     Case("section-removed", ("~model",), "model is required and was removed (~model): choose one with model=NAME"),
