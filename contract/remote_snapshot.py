@@ -7,9 +7,9 @@ that never changes once made, and the manifest both sides read.
                   {"format": 1, "id", "created", "source" (the local directory), "git" ({"commit", "dirty",
                   "diff"} or null outside a git tree), "files": [{"path", "size", "sha256", "executable"}]}
     outputs       ID/outputs -> ../../outputs: run.root's default lands in WORKDIR/outputs, shared by snapshots
-    GIT_STATES    ID/.slurmtrain-git/KEY.json: the git state ({"commit", "dirty", "diff"}) of a later launch of the
-                  same content (a commit that changed no shipped file): the launcher runs with GIT_STATE_ENV=KEY and
-                  its run records that state, not the manifest's first one
+    GIT_STATES    ID/.slurmtrain-git/KEY.json: the git state ({"commit", "dirty", "diff"}) of each launch (the same
+                  content is launched again at another commit when the commit changed no shipped file): the launcher
+                  runs with GIT_STATE_ENV=KEY and its run records that state, not the manifest's (the first launch's)
 
 The launcher runs in ID/ on the cluster, so a job (and its requeues) imports the code it was submitted with;
 the run directory's environment.json names the snapshot and commit (`snapshot_record`) and snapshot.diff holds
@@ -76,16 +76,17 @@ def git_state_key(git: dict[str, Any]) -> str:
 
 
 def _git_of(here: Path, data: dict[str, Any]) -> dict[str, Any]:
-    """The git state this launch was made from: the one GIT_STATE_ENV names, else the manifest's (the first launch's)."""
+    """The git state this launch was made from: the one GIT_STATE_ENV names (unknown when it can't be read), else the
+    manifest's (a launch on the login node itself, of a snapshot made there)."""
     key = os.environ.get(GIT_STATE_ENV, "")
-    if key:
-        try:
-            state = json.loads((here / GIT_STATES / f"{key}.json").read_text())
-        except (OSError, ValueError):
-            state = None
-        if isinstance(state, dict):
-            return state
-    return data.get("git") or {}
+    if not key:
+        return data.get("git") or {}
+    try:
+        state = json.loads((here / GIT_STATES / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        state = None
+    # Named but unreadable (its write failed): unknown, never the manifest's, which may be another commit's.
+    return state if isinstance(state, dict) else {"commit": None, "dirty": None, "diff": ""}
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:

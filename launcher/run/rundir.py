@@ -121,6 +121,8 @@ def _prepare(cfg: DictConfig, run_dir: Path, argv: list[str] | None, plan: Plan 
         diff = snapshot_diff()
         if diff:
             (run_dir / DIFF_FILE).write_text(diff)
+        else:  # a clean launch resuming a dirty one's run: the old diff would contradict git_dirty
+            (run_dir / DIFF_FILE).unlink(missing_ok=True)
     (run_dir / "environment.json").write_text(json.dumps(info, indent=2) + "\n")
     if plan is not None:
         write_plan(run_dir, plan)

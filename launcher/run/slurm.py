@@ -22,7 +22,7 @@ from contract.rules.eval_jobs import jobs_enabled
 from contract.rules.sbatch import executor_parameters
 from launcher.plan.launch_plan import Plan
 from launcher.run import rundir
-from launcher.run.remote.hints import follow_command
+from launcher.run.remote.hints import follow_command, login_node_note
 
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED")
@@ -125,7 +125,7 @@ def submit(cfg: DictConfig, plan: Plan, argv: list[str] | None = None) -> int:
           f"  follow:        squeue -j {job.job_id}; tail -f {_q(log_out)}\n"
           f"  cancel:        scancel {job.job_id}\n"
           f"  accounting:    sacct -j {job.job_id} -D\n"
-          f"  status:        {follow_command('launcher.status', plan.run_dir)}")
+          f"  status:        {follow_command('launcher.status', plan.run_dir)}\n{login_node_note()}", end="")
     if cfg.launcher.wait:
         return follow(str(job.job_id), Path(log_out))
     return 0

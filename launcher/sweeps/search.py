@@ -360,7 +360,15 @@ def _ended_without_best(sweep_dir: Path) -> int:
     if summary.best is not None:
         return 0
     counts = Counter(r.state for r in summary.trials)
-    print(f"search {sweep_dir.name}: no trial completed ({', '.join(f'{n} {state}' for state, n in counts.items())}"
-          "): there is no best; the table above says why each ended: widen the space, or loosen search.pruner "
-          "(search.min_improvement=0 turns off the step-0 rule)", file=sys.stderr)
+    if not summary.trials:
+        said = "no trial was trained (the budget was spent before the first)"
+    else:
+        ended = ", ".join(f"{n} {state}" for state, n in counts.items())
+        said = f"no trial completed with a finite {summary.metric} ({ended})"
+    fix = "the table above says why each ended"
+    if counts.get("pruned"):
+        fix += ": widen the space, or loosen search.pruner (search.min_improvement=0 turns off the step-0 rule)"
+    elif counts.get("failed"):
+        fix += ": its reasons are the failures to mend"
+    print(f"search {sweep_dir.name}: {said}: there is no best; {fix}", file=sys.stderr)
     return 1

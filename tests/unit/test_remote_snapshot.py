@@ -113,6 +113,10 @@ def test_a_later_launch_of_the_same_content_records_its_own_commit(tmp_path: Pat
     assert snapshot_record(str(tmp_path))["git_commit"] == "b" * 40  # type: ignore[index]
     assert snapshot_record(str(tmp_path))["git_dirty"] is False  # type: ignore[index]
     assert snapshot_diff(str(tmp_path)) == ""
+    # named but not written (its write failed): unknown, never the manifest's commit, which is another launch's
+    monkeypatch.setenv(GIT_STATE_ENV, "f" * 16)
+    assert snapshot_record(str(tmp_path))["git_commit"] is None  # type: ignore[index]
+    assert snapshot_diff(str(tmp_path)) == ""
 
 
 def test_the_remote_arguments_are_taken_out_and_the_rest_runs_there(tmp_path: Path) -> None:
@@ -136,6 +140,8 @@ def test_a_bad_remote_is_one_line(tmp_path: Path) -> None:
         config.load("typo", str(tmp_path))
     with pytest.raises(ConfigError, match=r"no key 'hots' \(remote.hots=...\): did you mean host\?"):
         config.load("nohost", str(tmp_path), ["remote.hots=x"])
+    with pytest.raises(ConfigError, match=r"no key 'hots' \(remote.hots.x=...\): did you mean host\?"):
+        config.load("nohost", str(tmp_path), ["remote.hots.x=1"])
     with pytest.raises(ConfigError, match=r"no key 'zzz' .*: a remote's keys are host, user, port, .*, exclude "):
         config.load("nohost", str(tmp_path), ["remote.zzz=1"])
     with pytest.raises(ConfigError, match="sets no host"):
@@ -201,7 +207,34 @@ def test_a_submission_from_a_laptop_prints_commands_the_laptop_can_type(tmp_path
     sweep = work / "snapshots" / "abc" / "outputs" / "sweeps" / "lr"  # as the launcher in the snapshot sees it
     monkeypatch.delenv(ORIGIN_ENV, raising=False)
     assert follow_command("launcher.status", sweep) == f"python -m launcher.status '{sweep}'"
-    monkeypatch.setenv(ORIGIN_ENV, origin_env("big", "my conf", str(work))[ORIGIN_ENV])
-    assert follow_command("launcher.report", sweep) == "python -m launcher.report --config-dir 'my conf' big:outputs/sweeps/lr"
-    monkeypatch.setenv(ORIGIN_ENV, origin_env("big", None, str(work))[ORIGIN_ENV])
+    # the laptop's remote.KEY=VALUE overrides too: another workdir or user finds the run where it is
+    monkeypatch.setenv(ORIGIN_ENV, origin_env("big", "my conf", ["remote.user=bob"], str(work))[ORIGIN_ENV])
+    assert follow_command("launcher.report", sweep) == \
+        "python -m launcher.report --config-dir 'my conf' remote.user=bob big:outputs/sweeps/lr"
+    monkeypatch.setenv(ORIGIN_ENV, origin_env("big", None, [], str(work))[ORIGIN_ENV])
     assert follow_command("launcher.status", "/elsewhere/run") == "python -m launcher.status big:/elsewhere/run"
+
+
+def test_a_clean_launch_resuming_a_dirty_ones_run_leaves_no_stale_diff(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run directory's snapshot.diff was written when there was a diff and left alone when not: a clean launch
+    resuming the run kept the dirty one's diff beside environment.json's git_dirty=false."""
+    from contract.remote_snapshot import DIFF_FILE, GIT_STATE_ENV, GIT_STATES, git_state_key
+    from launcher.compose import compose_config
+    from launcher.run import rundir
+
+    dirty = {"commit": "a" * 40, "dirty": True, "diff": "+edit\n"}
+    clean = {"commit": "a" * 40, "dirty": False, "diff": ""}
+    (tmp_path / ".slurmtrain-snapshot.json").write_text(json.dumps({"format": 1, "id": "0123", "git": dirty}))
+    (tmp_path / GIT_STATES).mkdir()
+    (tmp_path / GIT_STATES / f"{git_state_key(clean)}.json").write_text(json.dumps(clean))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(GIT_STATE_ENV, raising=False)
+    run_dir = tmp_path / "outputs" / "r"
+    cfg = compose_config([f"run.root={tmp_path / 'outputs'}", "run.name=r"])
+    rundir.prepare(cfg, run_dir, argv=["launcher"])
+    assert (run_dir / DIFF_FILE).read_text() == "+edit\n"
+    monkeypatch.setenv(GIT_STATE_ENV, git_state_key(clean))
+    rundir.prepare(cfg, run_dir, argv=["launcher"])
+    assert not (run_dir / DIFF_FILE).exists()
+    assert json.loads((run_dir / "environment.json").read_text())["snapshot"]["git_dirty"] is False

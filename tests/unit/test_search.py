@@ -336,6 +336,14 @@ def test_a_local_search_with_no_complete_trial_exits_1_saying_so(tmp_path: Path,
     from contract.search.optuna_objects import distributions, load_study
     from launcher.sweeps.search import _ended_without_best
 
+    (tmp_path / "failed").mkdir()
+    spec = _lr_search(tmp_path / "failed", 1)
+    study = load_study(tmp_path / "failed", spec)
+    study.tell(study.ask(distributions(spec)).number, state=TrialState.FAIL)
+    assert _ended_without_best(tmp_path / "failed") == 1
+    said = capsys.readouterr().err
+    assert "(1 failed)" in said and "the failures to mend" in said and "pruner" not in said  # not a pruning matter
+
     spec = _lr_search(tmp_path, 3)
     study = load_study(tmp_path, spec)
     for how in (TrialState.PRUNED, TrialState.PRUNED, TrialState.FAIL):
@@ -344,7 +352,8 @@ def test_a_local_search_with_no_complete_trial_exits_1_saying_so(tmp_path: Path,
         study.tell(trial.number, state=how)
     assert _ended_without_best(tmp_path) == 1
     said = capsys.readouterr().err
-    assert "no trial completed (2 pruned, 1 failed): there is no best" in said and "search.min_improvement=0" in said
+    assert "no trial completed with a finite val/val/loss (2 pruned, 1 failed): there is no best" in said
+    assert "search.min_improvement=0" in said  # pruned ones: the pruner is what to loosen
     trial = study.ask(distributions(spec))
     study.tell(trial.number, 2.5)
     assert _ended_without_best(tmp_path) == 0

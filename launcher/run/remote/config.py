@@ -99,7 +99,8 @@ def load(name: str, config_dir: str | None = None, overrides: list[str] | tuple[
 def _unknown_key(name: str, path: Path, key: str, overrides: list[str] | tuple[str, ...]) -> str:
     """A key a remote does not have, where it was given, and the key it most likely means (else all of them)."""
     keys = [f.name for f in dataclasses.fields(RemoteConfig) if f.name != "name"]
-    where = f"remote.{key}=..." if any(o.startswith(f"remote.{key}=") for o in overrides) else f"in {path}"
-    close = close_key(key, keys)
+    given = next((o.split("=", 1)[0] for o in overrides if o.startswith((f"remote.{key}=", f"remote.{key}."))), None)
+    where = f"{given}=..." if given else f"in {path}"
+    close = close_key(key.strip(), keys)
     fix = f"did you mean {close}?" if close else f"a remote's keys are {', '.join(keys)}"
     return f"remote {name} has no key {key!r} ({where}): {fix} (docs/remote.md)"

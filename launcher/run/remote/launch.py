@@ -24,20 +24,20 @@ def forward(argv: list[str]) -> int | None:
         snap = snapshot.take(project, remote)  # the size limit before any login
         session = Session.open(remote)
         present = session.check(snap.id)
-        env: dict[str, str] = {}
         if present:
             print(f"remote {remote.name}: snapshot {snap.id} already on {remote.host}, not copied", file=sys.stderr)
-            if snap.git is not None:  # the same files, maybe at another commit: the run records this launch's
-                env = snapshot.record_git_state(snap, session.conn, remote)
         else:
             like = session.newest_snapshot and f"{session.workdir_abs}/{snapshot.SNAPSHOTS}/{session.newest_snapshot}"
             snapshot.ship(snap, session.conn, remote, like=like)
             print(f"remote {remote.name}: snapshot {snap.id} copied to {remote.host} ({len(snap.files)} files, "
                   f"{snapshot.size_text(snap.size)})", file=sys.stderr)
+        # The same files may have been shipped at another commit (or by a copy that finished first): the run
+        # records this launch's.
+        env = snapshot.record_git_state(snap, session.conn, remote) if snap.git is not None else {}
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    env.update(hints.origin_env(remote.name, args.config_dir, session.workdir_abs))  # its hints as typed here
+    env.update(hints.origin_env(remote.name, args.config_dir, args.overrides, session.workdir_abs))  # hints for here
     tty = sys.stdin.isatty() and sys.stdout.isatty()
     code, _ = session.run_python("launcher", rest, cwd_below=(snapshot.SNAPSHOTS, snap.id), tty=tty, env=env)
     return code
