@@ -138,7 +138,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             strategy.name, cfg.precision.name, device,
         )
     watcher = PreemptionWatcher(env, device, flag)
-    telemetry = Telemetry(cfg, env, device, run_dir, hosts, model_flops)
+    telemetry = Telemetry(cfg, env, device, run_dir, hosts, model_flops, env.world_size // strategy.dp_size)
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}

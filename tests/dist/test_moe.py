@@ -1,9 +1,11 @@
 """Mixture of experts and expert parallelism on CPU ranks (gloo): ep=2 trains to ep=1's losses (2 ranks with DDP, 4
-with FSDP), a checkpoint resumes on another ep and another world size, and the load-balancing loss keeps the expert
-load even on skewed data where without it the router collapses; the telemetry is in metrics.jsonl."""
+with FSDP) through its periodic checkpoints, a checkpoint resumes on another ep (DDP and FSDP) and another world
+size, launcher.evaluate takes an ep=2 run on one process, and the load-balancing loss keeps the expert load even on
+skewed data where without it the router collapses; the telemetry is in metrics.jsonl."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,16 +14,18 @@ import torch
 import torch.multiprocessing as mp
 
 from contract.errors import EXIT_STOPPED
-from tests.conftest import hq, launch, read_metrics
+from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
 from tests.dist.store import hosted_port
 from tests.dist.workers import train_several
+from tests.forked_cli import run_module
 
 pytestmark = pytest.mark.dist
 
 STEPS = 20
-# fp32, 16 sequences of 64 tokens a step; moe_tiny: 4 experts, top 2, dropless, in both layers.
+# fp32, 16 sequences of 64 tokens a step; moe_tiny: 4 experts, top 2, dropless, in both layers. A checkpoint every 5
+# steps that the runs train on after: under ep=2 the step after a save failed ("mixed torch.Tensor and DTensor").
 COMMON = ["model=moe_tiny", "precision=fp32", "trainer.global_batch_size=16", f"trainer.max_steps={STEPS}",
-          "trainer.log_every=1", "logger.backend=none"]
+          "trainer.log_every=1", "logger.backend=none", "trainer.ckpt_every=5"]
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -52,6 +56,16 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert third.returncode == 0, third.stderr[-3000:]
     assert "step 15, 240 samples consumed" in third.stderr
     runs["moved"] = root / "moved"
+    # Under FSDP, ep=1 to ep=2: ep=2 keeps the experts' whole tensors in optimizer groups of their own, and the load
+    # asked the checkpoint for a group it did not have ("Missing key ... param_groups.2").
+    sharded = [*COMMON, "strategy=fsdp", "local.nproc=2", "trainer.micro_batch_size=8", f"run.root={hq(root)}",
+               "run.name=fsdp_moved"]
+    first = launch(*sharded, "parallel.ep=1", SLURMTRAIN_TEST_SIGNAL="10:0")
+    assert first.returncode == EXIT_STOPPED, first.stderr[-3000:]
+    second = launch(*sharded, "parallel.ep=2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "step 10, 160 samples consumed" in second.stderr
+    runs["fsdp_moved"] = root / "fsdp_moved"
     return runs
 
 
@@ -73,6 +87,24 @@ def test_a_checkpoint_resumes_on_another_ep_and_world_size(two_ranks: dict[str, 
     # Resumed on 4 ranks: each rank's micro batch is half as large, the same samples; the same losses to rounding.
     for step in range(16, STEPS + 1):
         assert moved[step] == pytest.approx(whole[step], rel=1e-5), step
+    # FSDP, stopped under ep=1 and resumed under ep=2: the same losses to rounding.
+    sharded = _losses(two_ranks["fsdp_moved"])
+    assert sorted(sharded) == list(range(1, STEPS + 1))
+    for step in sharded:
+        assert sharded[step] == pytest.approx(whole[step], rel=1e-5), step
+
+
+def test_launcher_evaluate_takes_an_ep2_run_on_one_process(two_ranks: dict[str, Path]) -> None:
+    """It built the run's expert groups over ranks one process does not have ("Default process group has not been
+    initialized"); every expert goes on its one rank, and the loss is ep=1's."""
+    said = {}
+    for name in ("ep1", "ep2"):
+        out = run_module("launcher.evaluate", [str(two_ranks[name])], cwd=ROOT, env=launcher_env())
+        assert out.returncode == 0, out.stderr[-3000:]
+        found = re.search(rf"evaluate: step {STEPS}: val/val/loss ([0-9.]+)", out.stdout + out.stderr)
+        assert found, out.stderr[-3000:]
+        said[name] = float(found.group(1))
+    assert said["ep2"] == pytest.approx(said["ep1"], rel=1e-4)
 
 
 def test_moe_telemetry_is_in_metrics_status_and_report(two_ranks: dict[str, Path],

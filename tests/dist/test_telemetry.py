@@ -59,6 +59,21 @@ def test_metrics_have_sane_telemetry_fields(run_root: Path) -> None:
     assert "TFLOP/s/device MFU" in out.stderr and "loss scale" in out.stderr
 
 
+def test_a_device_counts_its_share_of_the_sequences_its_replica_trains(run_root: Path) -> None:
+    """Under parallel.cp=2 (and tp, pp) the ranks of one replica train the same sequences; each counted them whole,
+    and the TFLOP/s of a device (its MFU) and the node's tokens/s came out twice what they were."""
+    rows = _run(run_root, "cp", "local.nproc=2", "parallel.cp=2", "strategy=fsdp", "trainer.max_steps=6",
+                "trainer.log_every=2")
+    cfg = OmegaConf.load(run_root / "cp" / "config.yaml")
+    per_token = flops_per_token(cfg.model, cfg.data.seq_len)
+    share = cfg.trainer.micro_batch_size * cfg.trainer.grad_accum_steps * cfg.data.seq_len / 2  # half of each sequence
+    for r in rows[1:]:
+        rates = [share / t for t in r["rank_step_time_s"]]
+        assert r["tflops"] == pytest.approx(sum(rates) / 2 * per_token / 1e12, rel=1e-6)
+        # the node trains the run's tokens (one replica), not twice them
+        assert 0.85 * r["tokens_per_s"] <= r["tokens_per_s_by_node"][HOST] < 1.6 * r["tokens_per_s"], r
+
+
 def test_a_slow_rank_is_reported_with_its_host(run_root: Path) -> None:
     out = launch("local.nproc=2", "logger.backend=none", f"run.root={hq(run_root)}", "run.name=slow",
                  "trainer.max_steps=8", "trainer.log_every=2", **{TEST_SLOW_RANK_ENV: "1:0.25"})

@@ -294,7 +294,7 @@ class CheckpointManager:
                                                 load_lr_scheduler_states=False)
         else:
             refuse_fused_layout(checkpoint.path / "model_optim")
-            target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
+            target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer, loading=True)}
             dcp.load(target, checkpoint_id=checkpoint.path / "model_optim", process_group=self.group)
         trainer_state: dict[str, Any] = torch.load(checkpoint.path / "trainer_state.pt", weights_only=False)
         self.strategy.scheduler.load_state_dict(trainer_state.pop("scheduler"))

@@ -24,14 +24,20 @@ from train.strategies.expert_parallel import ExpertParallel, expert_parallel_of
 class ModelOptimState(Stateful):
     """Adapter DCP calls at save (state_dict) and after load (load_state_dict)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loading: bool = False) -> None:
+        self.model, self.optimizer, self.loading = model, optimizer, loading
 
     def state_dict(self) -> dict[str, Any]:
+        """What is saved; with `loading`, what DCP reads into (its template): the parameters' state only. The
+        groups are this run's: how many there are depends on the layout (FSDP with parallel.ep keeps the experts'
+        whole tensors in groups of their own), and a template group the checkpoint lacks failed the load ("Missing
+        key ... param_groups.2"): an fsdp ep=1 checkpoint could not resume under ep=2."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         expert_parallel = expert_parallel_of(getattr(self.model, "module", self.model))
         if expert_parallel is not None:  # each expert whole in the checkpoint: it loads under another ep
             expert_parallel.globalize(model_sd, optim_sd)
+        if self.loading:
+            optim_sd = {k: v for k, v in optim_sd.items() if k != "param_groups"}
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -40,6 +46,8 @@ class ModelOptimState(Stateful):
         optim.no_decay, whose default moved the embeddings) would leave a group without them, or give a parameter
         another group's weight decay. The rate is the schedule's, set when the scheduler loads."""
         configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        if "param_groups" not in state_dict["optim"]:  # read without them (a template with `loading`): this run's
+            state_dict["optim"]["param_groups"] = get_state_dict(self.model, self.optimizer)[1]["param_groups"]
         ExpertParallel.localize(state_dict["model"], state_dict["optim"])
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
                        optim_state_dict=state_dict["optim"])

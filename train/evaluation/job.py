@@ -45,6 +45,10 @@ def for_world(cfg: Any, world_size: int) -> None:
         if world_size % (int(cfg.parallel.tp) * int(cfg.parallel.pp)):
             # Fewer ranks than the training's model shards (one process, say): the whole model on each rank.
             cfg.parallel.tp = cfg.parallel.pp = 1
+        if world_size % int(cfg.parallel.get("ep", 1)):
+            # Fewer ranks than the training's expert split (launcher.evaluate's one process): every expert on each
+            # rank (it built expert groups over ranks that were not there).
+            cfg.parallel.ep = 1
     dp = world_size // (int(cfg.parallel.tp) * int(cfg.parallel.pp))
     per_step = int(t.micro_batch_size) * dp
     if dp < 1 or int(t.global_batch_size) % per_step:

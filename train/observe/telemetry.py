@@ -67,7 +67,7 @@ def peak_tflops(cfg: Any) -> float | None:
     return None if cfg.telemetry.peak_tflops is None else float(cfg.telemetry.peak_tflops)
 
 
-def interval_fields(rows: list[list[float]], hosts: list[str], tokens_per_rank_step: int, flops_per_tok: float,
+def interval_fields(rows: list[list[float]], hosts: list[str], tokens_per_rank_step: float, flops_per_tok: float,
                     peak: float | None) -> dict[str, Any]:
     """The metrics row's telemetry fields from every rank's figures over one log interval (rows[rank] follows
     FIELDS; times are sums over the interval's steps)."""
@@ -275,7 +275,8 @@ class Telemetry:
     (a collective: every rank calls it), close() at the end."""
 
     def __init__(self, cfg: Any, env: DistEnv, device: torch.device, run_dir: Path,
-                 hosts: list[str] | None = None, model_flops_per_token: float | None = None) -> None:
+                 hosts: list[str] | None = None, model_flops_per_token: float | None = None,
+                 devices_per_replica: int = 1) -> None:
         t = cfg.telemetry
         self.env, self.device, self.enabled = env, device, bool(t.enabled)
         self.timer = StepTimer(device, self.enabled, slow_rank_delay(env.rank))
@@ -285,7 +286,10 @@ class Telemetry:
             return
         self.hosts = hosts or gather_hosts(env)
         tr = cfg.trainer
-        self.tokens_per_rank_step = tr.micro_batch_size * tr.grad_accum_steps * cfg.data.seq_len
+        # A rank's share of its replica's tokens: the ranks of one replica (tp x pp x cp) work on the same sequences,
+        # and each counting them whole made the TFLOP/s and MFU of a device, and a node's tokens/s, that many times
+        # too high.
+        self.tokens_per_rank_step = tr.micro_batch_size * tr.grad_accum_steps * cfg.data.seq_len / devices_per_replica
         self.flops_per_token = model_flops_per_token or flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak = peak_tflops(cfg)
         self.rule = StragglerRule(t.straggler_factor, t.straggler_intervals)

@@ -145,10 +145,13 @@ class ExpertParallel:
         """The expert entries of a state dict (as get_state_dict gives it) as DTensors of every expert, in place."""
         for key in [k for k in model_sd if self._is_expert(k)]:
             model_sd[key] = self._global(model_sd[key])
-        for key, state in optim_sd.get("state", {}).items():
+        states = optim_sd.get("state", {})
+        for key, state in list(states.items()):
             if self._is_expert(str(key)):
-                for name in list(state):
-                    state[name] = self._global(state[name])
+                # A new dict: get_state_dict hands out the optimizer's own per-parameter dicts, and replacing the
+                # moments in them left the optimizer stepping DTensor moments of local parameters (the step after
+                # every save under ep>1 failed: "mixed torch.Tensor and DTensor").
+                states[key] = {name: self._global(value) for name, value in state.items()}
 
     @staticmethod
     def localize(model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> None:
