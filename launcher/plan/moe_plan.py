@@ -14,7 +14,16 @@ def check_moe(cfg: Any, world: int) -> None:
     """Refuse a MoE or ep setting that can't run, naming the fix."""
     m, p = cfg.model, cfg.parallel
     ep = int(p.get("ep", 1))
-    moe = None if m.get("_target_") else moe_of(m)
+    if m.get("_target_"):  # a model of its own code (a Hugging Face one, the user's): its experts are its config's
+        if moe_of(m) is not None:  # it trained, with routing metrics of experts the model did not have
+            raise ConfigError(f"model.moe.num_experts={m.moe.num_experts} shapes slurmtrain's own transformer, and "
+                              f"model={m.name} builds its model from model._target_ (its own config decides its "
+                              "experts): drop model.moe.*")
+        if ep > 1:
+            raise ConfigError(f"parallel.ep={ep} splits the experts of slurmtrain's own transformer, and model={m.name} "
+                              "is built by model._target_, which ep does not split: use parallel.ep=1")
+        return
+    moe = moe_of(m)
     if moe is None:
         if ep > 1:
             raise ConfigError(f"parallel.ep={ep} splits a mixture of experts and model={m.name} is dense: use a MoE "

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import hq, launch, read_metrics
 from contract.rundir import ckpt_layout as layout
+from tests.conftest import hq, launch, read_metrics
 
 pytestmark = pytest.mark.dist
 
@@ -77,3 +77,17 @@ def test_launcher_status_names_the_rank_and_host(runs: dict[str, Any]) -> None:
     assert out.returncode == 0, out.stderr
     assert f"silent data corruption at step 6: rank 1 ({socket.gethostname()}) outside the replicas' majority" \
         in out.stdout
+
+
+def test_under_expert_parallelism_the_replicated_weights_are_still_compared(tmp_path: Path) -> None:
+    """parallel.ep=2 on 2 DDP ranks: each rank holds other experts, and the check compared nothing at all ("strategy=ddp
+    has a single data-parallel replica") although every other weight is held by both. A flipped bit in one rank's
+    embedding is found at the next check and rolled back."""
+    out = launch(*COMMON[:3], "local.nproc=2", "model=moe_tiny", "parallel.ep=2", "trainer.max_steps=12",
+                 "trainer.ckpt_every=3", "stability.replica_check_every=4", f"run.root={hq(tmp_path)}", "run.name=ep",
+                 SLURMTRAIN_TEST_FLIP_BITS=FLIP)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "nothing to compare" not in out.stderr
+    events = _events(tmp_path / "ep")
+    assert [e["kind"] for e in events] == ["corruption", "rollback", "finished"], events
+    assert events[0]["step"] == 6 and events[0]["suspects"] == [0, 1] and events[0]["tensors"] == ["embed.weight"]

@@ -64,6 +64,13 @@ CASES = [
     Case("moe-top-k", ("model=moe_tiny", "model.moe.top_k=5"), "set model.moe.top_k<=4"),
     Case("ep-dense", ("model=tiny", "parallel.ep=2", "local.nproc=2"),
          "parallel.ep=2 splits a mixture of experts and model=tiny is dense"),
+    # model.moe.* on a model of its own code trained with routing metrics of experts it did not have
+    Case("moe-own-model", (*BYO, "model=conv_lm", "data=chars", "model.moe.num_experts=4"),
+         "model.moe.num_experts=4 shapes slurmtrain's own transformer, and model=conv_lm builds its model from "
+         "model._target_"),
+    Case("ep-own-model", (*BYO, "model=conv_lm", "data=chars", "parallel.ep=2", "local.nproc=2"),
+         "parallel.ep=2 splits the experts of slurmtrain's own transformer, and model=conv_lm is built by "
+         "model._target_, which ep does not split: use parallel.ep=1"),
     Case("lr-scaling-choice", ("optim.lr_scaling=cubic",), "is not one of none, linear, sqrt: set optim.lr_scaling"),
     Case("lr-scaling-reference", ("optim.lr_scaling=linear",), "add optim.reference_batch_size=N"),
     Case("verify-choice", ("checkpoint.verify=fast",), "checkpoint.verify=fast is not one of size, full"),

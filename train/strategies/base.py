@@ -261,8 +261,12 @@ class Strategy:
         assert self.model is not None
         key = (self.layout.pp_rank, self.layout.tp_rank) if self.layout is not None else ()
         named = list(getattr(self.model, "module", self.model).named_parameters())
-        if self.expert_parallel is not None:  # each ep rank holds other experts: compared within their edp group
-            key += (self.expert_parallel.ep_rank,)
+        ep = self.expert_parallel
+        if ep is not None and ep.edp > 1:  # each ep rank holds other experts: compared within their edp group
+            key += (ep.ep_rank,)
+        elif ep is not None:  # no expert is held twice; the rest is compared over every replica (it was not at all)
+            experts = {id(p) for p in ep.params}
+            named = [(n, p) for n, p in named if id(p) not in experts]
         return key, named
 
     def replica_note(self) -> str:

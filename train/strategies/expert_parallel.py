@@ -77,7 +77,7 @@ class ExpertParallel:
 
     def __init__(self, ep: int, device_type: str) -> None:
         world = dist.get_world_size()
-        self.ep = ep
+        self.ep, self.edp = ep, world // ep  # edp: the ranks holding the same experts
         self.mesh: DeviceMesh = init_device_mesh(device_type, (world // ep, ep), mesh_dim_names=("edp", "ep"))
         self.ep_group = self.mesh.get_group("ep")
         self.edp_group = self.mesh.get_group("edp")

@@ -82,12 +82,19 @@ class FSDPStrategy(Strategy):
         names = self.replica_mesh.mesh_dim_names or ()
         if not any("replicate" in n for n in names):
             own = {id(p) for p in self.replicated}
+            if self.expert_parallel is not None and self.expert_parallel.edp > 1:  # whole, held by the edp group
+                own |= {id(p) for p in self.expert_parallel.params}
             return key, [(n, p) for n, p in named if id(p) in own]
         return key + (self.replica_mesh.get_local_rank(names[-1]),), named
 
     def replica_note(self) -> str:
+        names = self.replica_mesh.mesh_dim_names or ()
+        if any("replicate" in n for n in names):  # hsdp whose replicate dimension is 1 on this layout
+            return (f"strategy={self.name} has a single replica here (strategy.replicate_degree, by default one per "
+                    "node, is 1): every shard is held once")
         return (f"strategy={self.name} shards every parameter over the data-parallel ranks and the model has no "
-                "replicated (0-dim) parameters; strategy=hsdp compares its replicas' shards")
+                "replicated (0-dim) parameters" + ("" if self.name == "hsdp" else
+                                                  "; strategy=hsdp compares its replicas' shards"))
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         if not self.replicated:
