@@ -105,10 +105,10 @@ def check(cfg: DictConfig) -> None:
         check_job_world(cfg, int(cfg.trainer.global_batch_size), tasks_per_node(cfg.cluster))
 
 
-def checkpoints(args: argparse.Namespace) -> tuple[Path, list[layout.CheckpointDir]]:
+def checkpoints(args: argparse.Namespace, notes: list[str]) -> tuple[Path, list[layout.CheckpointDir]]:
     run_dir, step = run_and_step(args.run_dir.expanduser().resolve(), args.step)
     if not args.all:
-        return run_dir, [pick_checkpoint(run_dir, step, args.best)]
+        return run_dir, [pick_checkpoint(run_dir, step, args.best, notes)]
     found = [c for c in layout.list_checkpoints(run_dir) if c.complete] if run_dir.is_dir() else []
     if not found:
         pick_checkpoint(run_dir, None)  # says why
@@ -117,10 +117,13 @@ def checkpoints(args: argparse.Namespace) -> tuple[Path, list[layout.CheckpointD
 
 def evaluate(args: argparse.Namespace) -> int:
     evals, cluster = split_overrides(args.overrides)
-    run_dir, chosen = checkpoints(args)
+    notes: list[str] = []
+    run_dir, chosen = checkpoints(args, notes)
     configs = {c.step: with_overrides(load_config(c.path), evals, cluster) for c in chosen}
     for cfg in configs.values():
         check(cfg)
+    for line in notes:  # after the refusals: a refused evaluation is one line
+        print(line, file=sys.stderr)
     status = 0
     for checkpoint in chosen:
         cfg = configs[checkpoint.step]

@@ -45,9 +45,11 @@ def run_and_step(path: Path, step: int | None) -> tuple[Path, int | None]:
     return path.parent.parent, int(named.group(1))
 
 
-def pick_checkpoint(run_dir: Path, step: int | None, best: bool = False) -> layout.CheckpointDir:
+def pick_checkpoint(run_dir: Path, step: int | None, best: bool = False,
+                    notes: list[str] | None = None) -> layout.CheckpointDir:
     """The checkpoint a command reads: the newest complete one, the one of `step`, or with `best` the one that
-    measured best (launcher/observe/ranking.py; a line on stderr says which and by what). ConfigError (one line
+    measured best (launcher/observe/ranking.py; a line says which and by what: on stderr, or added to `notes` for
+    the command to print once its other checks pass, so that a refusal stays one line). ConfigError (one line
     naming the fix) when there is none such."""
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a directory: pass a run directory (RUN_ROOT/RUN_NAME)")
@@ -59,7 +61,10 @@ def pick_checkpoint(run_dir: Path, step: int | None, best: bool = False) -> layo
         from launcher.observe.ranking import best_of_run, describe_best
 
         best_found, why = best_of_run(run_dir)
-        print(describe_best(best_found, why), file=sys.stderr)
+        if notes is None:
+            print(describe_best(best_found, why), file=sys.stderr)
+        else:
+            notes.append(describe_best(best_found, why))
         return best_found.checkpoint
     if step is None:
         latest = layout.latest_complete_checkpoint(run_dir)
@@ -183,11 +188,14 @@ def export(run_dir: Path, step: int | None, fmt: str, out: str | None, best: boo
            options: HFOptions | None = None) -> Path:
     options = options or HFOptions()
     run_dir, step = run_and_step(run_dir, step)
-    checkpoint = pick_checkpoint(run_dir, step, best)
+    notes: list[str] = []
+    checkpoint = pick_checkpoint(run_dir, step, best, notes)
     cfg = OmegaConf.load(checkpoint.path / "config.yaml")
     assert isinstance(cfg, DictConfig)
     check_format(cfg, fmt)
     path = output_path(run_dir, checkpoint.step, fmt, out)
+    for line in notes:  # after the refusals: a refused export is one line
+        print(line, file=sys.stderr)
     consolidate = compute_seam.weights_export()
 
     tied = tied_weights(cfg) if fmt == "safetensors" else []  # save_pretrained finds them itself

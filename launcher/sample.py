@@ -131,13 +131,16 @@ def describe(args: argparse.Namespace) -> str:
 def sample(args: argparse.Namespace) -> str:
     check_sampling(args)
     run_dir, step = run_and_step(args.run_dir.expanduser().resolve(), args.step)
-    checkpoint = pick_checkpoint(run_dir, step, args.best)
+    notes: list[str] = []
+    checkpoint = pick_checkpoint(run_dir, step, args.best, notes)
     cfg = load_config(checkpoint.path)
     if args.chat and args.prompt is None:
         raise ConfigError("--chat renders a text prompt: give --prompt TEXT (not --tokens)")
     tokenizer, why_none = (given_tokenizer(args.tokenizer), "") if args.tokenizer else run_tokenizer(cfg.data)
     ids = prompt_ids(args, tokenizer, why_none, run_dir, int(cfg.model.vocab_size))
     stop_id = tokenizer.eod_id if tokenizer is not None else None
+    for line in notes:  # after the refusals: a refused sample is one line
+        print(line, file=sys.stderr)
     print(f"sample: {checkpoint.path} ({describe(args)}, tokenizer {tokenizer.name if tokenizer else 'none'})",
           file=sys.stderr)
 

@@ -58,4 +58,8 @@ def test_the_best_checkpoint_survives_retention_and_a_resume(run_root: Path) -> 
 
     sampled = command("launcher.sample", str(run_dir), "--best", "--tokens", "1,2,3", "--max-new-tokens", "4")
     assert sampled.returncode == 0, sampled.stderr
+    # A refusal after --best chose is one line (the best checkpoint's line came before it).
+    refused = command("launcher.sample", str(run_dir), "--best", "--tokens", "99999999")
+    assert refused.returncode == 2 and refused.stderr.strip().startswith("error: --tokens holds 99999999")
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert f"checkpoints/step_{best} (greedy" in sampled.stderr

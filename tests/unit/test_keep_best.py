@@ -138,9 +138,11 @@ def test_evaluate_takes_best_as_export_and_sample_do(tmp_path: Path, capsys: pyt
     from launcher.evaluate import build_parser, checkpoints
 
     run = fake_run(tmp_path / "r", (10, 20, 30), keep_best="val/val/loss", val__val__loss={10: 3.0, 20: 2.0, 30: 2.5})
-    run_dir, chosen = checkpoints(build_parser().parse_args([str(run), "--best"]))
+    notes: list[str] = []
+    run_dir, chosen = checkpoints(build_parser().parse_args([str(run), "--best"]), notes)
     assert (run_dir, [c.step for c in chosen]) == (run, [20])
-    assert "step 20, val/val/loss 2.0000" in capsys.readouterr().err
+    # said by the command once its other checks pass (a refusal stays one line)
+    assert len(notes) == 1 and "step 20, val/val/loss 2.0000" in notes[0] and capsys.readouterr().err == ""
     with pytest.raises(SystemExit) as stop:
         build_parser().parse_args([str(run), "--best", "--all"])
     assert stop.value.code == 2
