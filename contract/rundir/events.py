@@ -132,6 +132,13 @@ def last_local_attempt(run_dir: Path) -> tuple[int, float] | None:
     return starts[-1][:2] if starts else None
 
 
+def newest_local_process(run_dir: Path) -> tuple[str, int] | None:
+    """The host and rank-0 pid of the newest local attempt (RUN_DIR/local_attempts.txt), None when none is noted."""
+    starts = _local_starts(run_dir)
+    rest = starts[-1][2] if starts else []
+    return (rest[0], int(rest[1])) if len(rest) >= 2 and rest[1].isdigit() else None
+
+
 def local_attempt_of(run_dir: Path, pid: int) -> tuple[int, float] | None:
     """The number and start time of the local attempt that process `pid` of this host (its rank 0) numbered; None
     when it numbered none (it died first)."""

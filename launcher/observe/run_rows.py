@@ -7,6 +7,8 @@ directory, so a local run shows its progress too.
 from __future__ import annotations
 
 import math
+import os
+import socket
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,10 +84,26 @@ class Row:
     rank_value: float | None = None
 
 
-def local_state(latest: ckpt_layout.CheckpointDir | None, max_steps: int | None, has_metrics: bool) -> str:
+def local_state(latest: ckpt_layout.CheckpointDir | None, max_steps: int | None, has_metrics: bool,
+                newest: tuple[str, int] | None = None) -> str:
+    """A local run whose newest attempt recorded no end: finished when its checkpoints say so; else, when that
+    attempt ran on this host, running while its rank 0 lives and died (killed without a word: a SIGKILL, the OOM
+    killer) once it is gone. Both read "stopped" before, which is a clean, checkpointed stop."""
     if latest is not None and max_steps is not None and latest.step >= max_steps:
         return "finished"
+    if newest is not None and newest[0] == socket.gethostname():
+        return "running" if _alive(newest[1]) else "died"
     return "stopped" if latest is not None or has_metrics else "not started"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def slurm_state(newest_job: str, attempts: list[accounting.Attempt] | None) -> str:
@@ -205,7 +223,8 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
     if not run.jobs:
         final = final_end(attempt_ends, events.last_local_attempt(run.run_dir))
         ended = events.ending_state(attempt_ends, final)
-        row.state = DAMAGED if damage else ended or local_state(latest, max_steps, bool(metrics))
+        row.state = DAMAGED if damage else ended or local_state(latest, max_steps, bool(metrics),
+                                                               events.newest_local_process(run.run_dir))
         settle_progress(row, attempt_ends, metrics, final)
         return row
     queued = slurm_state(run.jobs[-1], None if sacct is None else sacct.get(run.jobs[-1], []))

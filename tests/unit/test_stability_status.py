@@ -105,9 +105,16 @@ def test_a_local_crash_not_run_again_shows_crashed_and_a_later_attempt_does_not(
     record_event(run_dir, "crashed", attempt=0, job=None, host="h", step=14, steps_lost=4, started=0.0, ended=9.0)
     row = json.loads(status.main([str(run_dir), "--json"]) == 0 and capsys.readouterr().out)["rows"][0]
     assert row["state"] == "crashed" and row["step"] == 14
-    events.start_local_attempt(run_dir)  # run again: the crash is behind it
+    events.start_local_attempt(run_dir)  # run again (by this live process): the crash is behind it
     row = json.loads(status.main([str(run_dir), "--json"]) == 0 and capsys.readouterr().out)["rows"][0]
-    assert row["state"] == "stopped" and row["step"] == 10
+    assert row["state"] == "running" and row["step"] == 10  # it said "stopped" of a run still training
+    import subprocess
+
+    gone_pid = subprocess.Popen(["true"])  # a process that has ended: its pid is free
+    gone_pid.wait()
+    events.start_local_attempt(run_dir, pid=gone_pid.pid)  # an attempt SIGKILLed before it could record its end
+    row = json.loads(status.main([str(run_dir), "--json"]) == 0 and capsys.readouterr().out)["rows"][0]
+    assert row["state"] == "died" and row["step"] == 10
 
 
 def test_under_slurm_a_diverged_or_unrequeued_crash_replaces_failed(tmp_path: Path, slurm: FakeSlurm,  # noqa: F811
