@@ -52,7 +52,16 @@ def _git_revision() -> str | None:
 
 
 def clear_for_overwrite(run_dir: Path) -> None:
-    """run.overwrite=true: the user asked for a fresh start in this directory."""
+    """run.overwrite=true: the user asked for a fresh start in this directory; a line says what it deletes (a
+    finished run's checkpoints went without a word)."""
+    from contract.rundir import ckpt_layout
+
+    found = [c.step for c in ckpt_layout.list_checkpoints(run_dir) if c.complete] if run_dir.is_dir() else []
+    gone = [name for name in CLEARED_BY_OVERWRITE if (run_dir / name).exists()]
+    if gone:
+        held = f"{len(found)} checkpoint(s), the newest of step {max(found)}, " if found else ""
+        print(f"run.overwrite=true: deleting {held}{', '.join(n for n in gone if n != 'checkpoints')} of {run_dir}: "
+              "the run starts over", file=sys.stderr)
     for name in CLEARED_BY_OVERWRITE:
         path = run_dir / name
         if path.is_dir():

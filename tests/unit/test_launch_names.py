@@ -107,7 +107,8 @@ def test_a_finished_run_starts_nothing_and_writes_nothing(tmp_path: Path, capsys
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
-def test_overwrite_starts_the_run_over_with_no_old_ends_or_attempts(tmp_path: Path) -> None:
+def test_overwrite_starts_the_run_over_with_no_old_ends_or_attempts(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     from launcher.run.rundir import clear_for_overwrite
 
     for name in ("events.jsonl", "local_attempts.txt", "metrics.jsonl"):
@@ -115,6 +116,9 @@ def test_overwrite_starts_the_run_over_with_no_old_ends_or_attempts(tmp_path: Pa
     (tmp_path / "logs").mkdir()
     clear_for_overwrite(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+    # what it deleted is said (a finished run's checkpoints went without a word)
+    assert f"run.overwrite=true: deleting metrics.jsonl, events.jsonl, local_attempts.txt of {tmp_path}" in \
+        capsys.readouterr().err
 
 
 def test_the_micro_batch_may_change_on_resume_when_the_global_batch_does_not(tmp_path: Path) -> None:
