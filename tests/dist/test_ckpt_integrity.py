@@ -1,6 +1,6 @@
 """Checkpoint integrity: every checkpoint carries a manifest of its files' sizes and CRC-32s; a newest checkpoint
 damaged after its COMPLETE marker was written is reported, moved aside (kept) and the previous complete one
-resumes, ending with the loss an uninterrupted run reaches."""
+resumes, ending with the loss an uninterrupted run reaches; when every one is damaged the resume stops, saying so."""
 
 from __future__ import annotations
 
@@ -66,6 +66,23 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_resumes(
     assert len(kept) == 1 and (kept[0] / "model_optim" / "__1_0.distcp").is_file()
     got = {r["step"]: r["loss"] for r in read_metrics(run_root / "damaged")}
     assert got == uninterrupted  # every step once, bitwise the uninterrupted run's
+
+
+def test_when_every_checkpoint_is_damaged_the_resume_stops_saying_so(run_root: Path) -> None:
+    """The run started over from step 1 in silence (its plan had said it resumes after the newest step). Each is
+    moved aside, and the ranks end with one line naming the way out, exit 2."""
+    common = ["trainer.max_steps=6", "trainer.ckpt_every=2", "logger.backend=none", f"run.root={hq(run_root)}",
+              "run.name=all"]
+    stopped = launch(*common, SLURMTRAIN_TEST_SIGNAL="3:0")
+    assert stopped.returncode == EXIT_STOPPED, stopped.stderr[-3000:]
+    checkpoints = run_root / "all" / "checkpoints"
+    for step in (2, 3):
+        _damage(checkpoints / f"step_{step}" / "model_optim" / "__0_0.distcp", "truncate")
+    again = launch(*common)
+    assert again.returncode != 0 and "step 1/6" not in again.stderr, again.stderr[-3000:]
+    assert (f"error: every complete checkpoint of {run_root / 'all'} is damaged" in again.stderr
+            and "start over with run.resume=false run.overwrite=true" in again.stderr), again.stderr[-3000:]
+    assert len(list((checkpoints / "quarantine").iterdir())) == 2
 
 
 def test_without_full_verification_an_altered_shard_of_the_same_size_passes_the_size_check(tmp_path: Path) -> None:

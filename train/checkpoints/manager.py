@@ -267,26 +267,38 @@ class CheckpointManager:
             for c in layout.incomplete_checkpoints(self.run_dir):
                 log.warning("ignoring incomplete checkpoint %s (no %s marker: interrupted while saving)",
                             c.path, layout.MARKER)
-            latest = self._newest_trusted(where)
-            choice = [None if latest is None else latest.step]
+            latest, damaged = self._newest_trusted(where)
+            # Every complete checkpoint damaged (and moved aside) on a resume: the run started over from step 0
+            # in silence, its plan having said it resumes. Said instead, on every rank.
+            gone = latest is None and where is None and damaged > 0
+            choice = ["damaged" if gone else None if latest is None else latest.step]
         if self.group is not None:
             dist.broadcast_object_list(choice, src=0, group=self.group)
+        if choice[0] == "damaged":
+            from contract.errors import ConfigError
+
+            raise ConfigError(f"every complete checkpoint of {self.run_dir} is damaged (each was moved to "
+                              f"{layout.checkpoints_root(self.run_dir) / manifest.QUARANTINE_DIR}): nothing to resume "
+                              "from: restore one there, or start over with run.resume=false run.overwrite=true")
         if choice[0] is None:
             return None
         return layout.CheckpointDir(choice[0], layout.step_dir(self.run_dir, choice[0]))
 
-    def _newest_trusted(self, where: Callable[[int], bool] | None = None) -> layout.CheckpointDir | None:
-        """The newest complete checkpoint that passes verification; failed ones are moved aside, never deleted."""
+    def _newest_trusted(self, where: Callable[[int], bool] | None = None) -> tuple[layout.CheckpointDir | None, int]:
+        """The newest complete checkpoint that passes verification, and how many newer ones failed it (moved
+        aside, never deleted)."""
         full = self.cfg.checkpoint.verify == "full"
+        damaged = 0
         for candidate in reversed([c for c in layout.list_checkpoints(self.run_dir)
                                    if c.complete and (where is None or where(c.step))]):
             problem = manifest.verify(candidate.path, full)
             if problem is None:
-                return candidate
+                return candidate, damaged
+            damaged += 1
             moved = manifest.quarantine(candidate.path)
             log.error("checkpoint step %d is damaged (%s): moved to %s; resuming from the previous complete one",
                       candidate.step, problem, moved)
-        return None
+        return None, damaged
 
     def load(self, checkpoint: layout.CheckpointDir) -> dict[str, Any]:
         if self.strategy.checkpoint_format == "deepspeed":
