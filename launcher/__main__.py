@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from contract.errors import EXIT_BAD_INPUT, ConfigError, SweepExit
+from contract.errors import EXIT_BAD_INPUT, EXIT_KILLED, ConfigError, SweepExit
 from contract.terminal import outlive_terminal
 from launcher.checks import hydra_errors
 from launcher.checks.overrides import typed_as
@@ -87,6 +87,10 @@ def main() -> None:
             print(hydra_errors.one_line(hydra_errors.take()), file=sys.stderr)
             sys.exit(EXIT_BAD_INPUT)
         raise
+    except KeyboardInterrupt:  # before the workers took over the signal (composing, planning): a traceback before
+        print("launcher: interrupted (Ctrl-C); run the same command again (a run resumes from its newest checkpoint)",
+              file=sys.stderr)
+        sys.exit(EXIT_KILLED)
     finally:
         hydra_errors.release()
 

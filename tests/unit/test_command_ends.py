@@ -42,3 +42,19 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as end:
         run(lambda: 2)
     assert end.value.code == 2
+
+
+
+def test_ctrl_c_while_the_launcher_plans_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """Ctrl-C between the plan and the workers' start printed a KeyboardInterrupt traceback from dispatch: here the
+    interrupt comes where dispatch would run, in the real entry point."""
+    script = ("import runpy, sys\n"
+              "import launcher.run.dispatch as d\n"
+              "def interrupted(*args, **kwargs):\n    raise KeyboardInterrupt\n"
+              "d.dispatch = interrupted\n"
+              "sys.argv = ['launcher', 'trainer.max_steps=1', 'logger.backend=none']\n"
+              "runpy.run_module('launcher', run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={**launcher_env(), "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 130 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith("launcher: interrupted (Ctrl-C); run the same command again")
