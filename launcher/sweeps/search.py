@@ -102,7 +102,8 @@ def _run(launcher: SweepLauncher, config: DictConfig, arguments: list[str]) -> i
 def _interval_of_an_int(space: Space, message: str) -> str:
     """Hydra's interval() is always floats: on an integer key, name range() instead of the first trial's 0.0."""
     for key, p in space.params.items():
-        if p["type"] == "float" and message.startswith(f"{key}=") and "converted to Integer" in message:
+        if p["type"] == "float" and message.startswith(f"{key}=") and ("converted to Integer" in message
+                                                                      or "takes an integer" in message):
             low, high = math.ceil(p["low"]), math.floor(p["high"])
             return (f"{key} is an integer and interval() samples floats: search it with range({low},{high + 1}) "
                     f"(the integers {low} to {high}) or choice(...)")
