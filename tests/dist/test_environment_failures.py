@@ -51,7 +51,9 @@ STAGES = [
      ["disk full", "metrics (", "metrics.jsonl"], 0),
     ("events", lambda last: {env_faults.DISK_FULL_ENV: f"events:{last + 1}", "SLURMTRAIN_TEST_SIGNAL": f"{last + 1}:0"},
      ["disk full", "events (", "events.jsonl"], 0),
-    ("removed", lambda last: {env_faults.RUN_DIR_ENV: f"remove:{last + 3}"}, ["disappeared", "restore it"], 0),
+    # Rank 0 moves the directory away after a step; whichever rank writes there next (rank 1's part of a checkpoint
+    # as often as rank 0's metrics) meets it first and names itself.
+    ("removed", lambda last: {env_faults.RUN_DIR_ENV: f"remove:{last + 3}"}, ["disappeared", "restore it"], "any"),
     ("read_only", lambda last: {env_faults.RUN_DIR_ENV: f"readonly:{last + 2}"},
      ["read-only" if os.geteuid() == 0 else "permission denied"], 0),
     ("memory", lambda last: {env_faults.MEMORY_ENV: f"raise:1:{last + 2}"},
