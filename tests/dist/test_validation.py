@@ -90,6 +90,9 @@ def _passes(out: str) -> int:
 def _resumable(run_root: Path, max_steps: int = 30) -> list[str]:
     return [*[o for o in COMMON if not o.startswith("trainer.")], "trainer.micro_batch_size=2",
             "trainer.global_batch_size=8", f"trainer.max_steps={max_steps}", "trainer.ckpt_every=10",
+            # Synchronous: a fault a few steps after a periodic save resumes from that save, however loaded the
+            # machine (an asynchronous one may not have completed yet; a resume from the one before is then right).
+            "checkpoint.async_save=false",
             "trainer.log_every=1", "eval.every=10", f"eval.batches={BATCHES}", "eval.at_start=true", "local.nproc=2",
             "logger.backend=none", f"run.root={hq(run_root)}"]
 

@@ -15,7 +15,14 @@ import pytest
 
 from contract.rundir import eval_results
 from tests.conftest import hq, launch, launcher_env, read_metrics
-from tests.slurm.helpers import poll, sacct_state, squeue_state, submitted_job_id, wait_terminal
+from tests.slurm.helpers import (
+    poll,
+    release_requeued,
+    sacct_state,
+    squeue_state,
+    submitted_job_id,
+    wait_terminal,
+)
 from train.evaluation.job import TEST_HOLD_ENV
 
 pytestmark = pytest.mark.slurm
@@ -46,8 +53,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         jobs = list(eval_jobs(run_dir).values())
         held = eval_jobs(run_dir)[HELD]
         subprocess.run(["scancel", "--signal=USR1", "--full", held], check=True)
-        poll(lambda: squeue_state(held) == "PENDING", 120, "the evaluation job to be requeued")
-        subprocess.run(["scontrol", "update", f"jobid={held}", "StartTime=now"], check=True)
+        release_requeued(held)  # in a later second than its requeue (tests/slurm/helpers.py)
         states = {step: wait_terminal(job, timeout=240) for step, job in eval_jobs(run_dir).items()}
     finally:
         for job in jobs:  # anything still queued after a failure: cancelled, ours only

@@ -17,7 +17,7 @@ import pytest
 from contract.rundir import eval_results
 from tests.conftest import ROOT, hq, launch, launcher_env, read_metrics
 from tests.harness_task import TASK, write_pattern_data, write_pattern_task
-from tests.slurm.helpers import poll, squeue_state, submitted_job_id, wait_terminal
+from tests.slurm.helpers import poll, release_requeued, squeue_state, submitted_job_id, wait_terminal
 from train.evaluation.job import TEST_HOLD_ENV
 
 pytestmark = pytest.mark.slurm
@@ -54,8 +54,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         held = eval_jobs(run_dir)[HELD]
         jobs = list(eval_jobs(run_dir).values())
         subprocess.run(["scancel", "--signal=USR1", "--full", held], check=True)
-        poll(lambda: squeue_state(held) == "PENDING", 120, "the evaluation job to be requeued")
-        subprocess.run(["scontrol", "update", f"jobid={held}", "StartTime=now"], check=True)
+        release_requeued(held)  # in a later second than its requeue (tests/slurm/helpers.py)
         states = {step: wait_terminal(job, timeout=300) for step, job in eval_jobs(run_dir).items()}
     finally:
         for job in jobs:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from contract.data import manifest as mf
-from tests.slurm.helpers import sacct_state, wait_terminal
+from tests.slurm.helpers import wait_terminal
 from tests.unit import test_prepare as unit
 from tests.unit.test_prepare import _add_misfits, _build_corpus, _tree, prepare
 
@@ -57,7 +57,8 @@ def test_prepare_as_one_array_is_byte_identical_to_the_local_preparation(tmp_pat
     assert wait_terminal(final_id, timeout=300) == "COMPLETED", (out / ".parts/slurm").iterdir()
     row = _status(out)
     assert (row["state"], row["tasks_complete"]) == ("complete", tasks), row
-    assert [sacct_state(f"{array_id}_{i}") for i in range(tasks)] == ["COMPLETED"] * tasks
+    # Each task's end reaches the accounting on its own (after the finalize job's, under load): wait for each.
+    assert [wait_terminal(f"{array_id}_{i}", timeout=120) for i in range(tasks)] == ["COMPLETED"] * tasks
 
     assert prepare(*args, "--out", tmp_path / "here")[0] == 0
     here, there = _tree(tmp_path / "here"), _tree(out)
