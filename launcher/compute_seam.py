@@ -33,6 +33,14 @@ def train_main(argv: list[str]) -> int:
     return main(argv)
 
 
+def preload() -> None:
+    """Import what every rank of a run imports, in the process local ranks are forked from
+    (launcher/run/rank_fork.py)."""
+    from train.entry import preload
+
+    preload()
+
+
 def probe_main() -> int:
     """The launch probe of a user's model (train/model/probe.py), request on stdin."""
     from train.model.probe import main

@@ -5,6 +5,8 @@
     python -m launcher.worker --evaluate RUN_DIR STEP [CONFIG]  (an evaluation job's rank: train/evaluation/job.py;
                                                            CONFIG: launcher.evaluate's, else the checkpoint's)
     python -m launcher.worker --init-from < request.json  (launcher/plan/init_from.py: do model.init_from's weights fit)
+    python -m launcher.worker --fork-ranks FD             (launcher/run/rank_fork.py: imports once, forks the local
+                                                           ranks, each then runs as `--config` above)
 
 Going through `launcher` first (see launcher/__init__.py) keeps our `train` package ahead of a user's own train.py
 in the working directory; the work itself is train.entry's, reached through launcher/compute_seam.py.
@@ -34,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         return compute_seam.evaluate(argv[1], int(argv[2]), argv[3] if len(argv) == 4 else None)
     if argv[:1] == ["--init-from"]:
         return compute_seam.init_from_main()
+    if argv[:1] == ["--fork-ranks"] and len(argv) == 2:
+        from launcher.run import rank_fork
+
+        return main(rank_fork.serve(int(argv[1]), compute_seam.preload))  # returns in each forked rank only
     return compute_seam.train_main(argv)
 
 

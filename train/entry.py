@@ -160,6 +160,23 @@ def deterministic_algorithms() -> None:
     torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
+def preload() -> None:
+    """Import what every rank imports: run()'s imports below, and those its first step and first save make (torch.optim
+    imports torch._dynamo at the first step). Local ranks are forked from a process that called this
+    (launcher/run/rank_fork.py), so that a run pays these imports once, not once per rank."""
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.checkpoint._fsspec_filesystem  # noqa: F401
+
+    import train.faults.preemption  # noqa: F401
+    import train.faults.recovery  # noqa: F401
+    import train.faults.signals  # noqa: F401
+    import train.faults.watchdog  # noqa: F401
+    import train.loop  # noqa: F401
+    import train.model.transformer  # noqa: F401
+    import train.observe.metrics  # noqa: F401
+    import train.strategies.mesh  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="resolved config.yaml in the run directory")

@@ -30,7 +30,7 @@ from types import FrameType
 from contract.errors import EXIT_DIVERGED, EXIT_KILLED, EXIT_STOPPED
 from contract.rundir import environment as environment
 from contract.rundir.events import is_secondary_text, record_environment_end
-from launcher.run import local_ends
+from launcher.run import local_ends, rank_fork
 
 GRACE_S = 30.0
 POLL_S = 0.1
@@ -44,6 +44,7 @@ INTERRUPT_WINDOW_ENV = "SLURMTRAIN_TEST_INTERRUPT_WINDOW_S"
 # name (train/distributed.py rendezvous_store). A port picked ahead, released and bound again later could be taken
 # by another process in between.
 STORE_FD_ENV = "SLURMTRAIN_STORE_FD"
+LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 
 
 def listening_socket() -> socket.socket:
@@ -98,7 +99,7 @@ class WorkerGroup:
     def __init__(self, config_path: Path, nproc: int) -> None:
         self.config_path, self.nproc = config_path, nproc
         self.run_dir = config_path.parent
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[subprocess.Popen[bytes] | rank_fork.Rank] = []
         self.log_paths: list[Path] = []
         self.started = time.time()  # the attempt's start, should rank 0 die before it notes its own
         # When the workers were last asked to checkpoint and stop; whether a second Ctrl-C then stopped them at once.
@@ -117,22 +118,36 @@ class WorkerGroup:
         self.store_socket = listening_socket() if self.nproc > 1 else None
         port = int(self.store_socket.getsockname()[1]) if self.store_socket is not None else 0
         listen_fd = self.store_socket.fileno() if self.store_socket is not None else -1
-        cmd = [sys.executable, "-m", "launcher.worker", "--config", str(self.config_path)]
+        argv = ["--config", str(self.config_path)]
+        specs = []
         for rank in range(self.nproc):
             log_path = self.run_dir / "logs" / f"rank_{rank}.log"
             self.log_paths.append(log_path)
-            out = None if rank == 0 else log_path.open("ab")
             env = worker_env(rank, self.nproc, port, self.run_dir)
             env[environment.ENDING_DIR_ENV] = str(self.ending_dir)
             if rank == 0 and listen_fd >= 0:
                 env[STORE_FD_ENV] = str(listen_fd)
-            # Own session: the terminal's Ctrl-C reaches the launcher only, which decides what workers get.
-            proc = subprocess.Popen(cmd, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT if out else None, start_new_session=True,
-                                    preexec_fn=_term_with_parent, pass_fds=(listen_fd,) if rank == 0 and listen_fd >= 0 else ())
-            if out is not None:
-                out.close()
-            self.procs.append(proc)
+            specs.append(rank_fork.RankSpec(argv, env, None if rank == 0 else os.open(log_path, LOG_FLAGS, 0o644),
+                                            (listen_fd,) if rank == 0 and listen_fd >= 0 else ()))
+        try:
+            if rank_fork.enabled():
+                zygote_env = {k: v for k, v in specs[0].env.items() if k != STORE_FD_ENV}
+                self.procs = list(rank_fork.start_ranks(specs, zygote_env) or [])
+            for spec in specs[len(self.procs):]:  # not forked: each rank a process of its own
+                # Own session: the terminal's Ctrl-C reaches the launcher only, which decides what workers get.
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "launcher.worker", *spec.argv], env=spec.env, stdout=spec.output_fd,
+                    stderr=subprocess.STDOUT if spec.output_fd is not None else None, start_new_session=True,
+                    preexec_fn=_term_with_parent, pass_fds=spec.keep_fds))
+        finally:
+            for spec in specs:
+                if spec.output_fd is not None:
+                    os.close(spec.output_fd)
+        # A stop asked for while the ranks were starting (they had no pid yet): theirs now.
+        if self.killed:
+            self.signal_all(signal.SIGKILL)
+        elif self.stop_asked is not None:
+            self.signal_all(signal.SIGUSR1)
 
     def signal_all(self, sig: int) -> None:
         for p in self.procs:
@@ -162,6 +177,8 @@ class WorkerGroup:
 
     def settled(self) -> bool:
         """Every worker has ended, or rank 0 recorded an end it reached by itself (launcher/run/local_ends.py)."""
+        if len(self.procs) < self.nproc:  # still starting
+            return False
         if all(p.poll() is not None for p in self.procs):
             return True
         return bool(self.procs) and local_ends.settled(self.run_dir, self.procs[0].pid, self.started)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from launcher.run import local
+from launcher.run import local, rank_fork
 from train import distributed
 
 
@@ -31,6 +31,7 @@ def test_rank_0_gets_the_listening_socket_the_launcher_holds(tmp_path: Path, mon
         return _Proc()
 
     monkeypatch.setattr(local.subprocess, "Popen", popen)
+    monkeypatch.setenv(rank_fork.FORK_ENV, "0")  # each rank a process of its own (forked ranks: test_rank_fork.py)
     (tmp_path / "logs").mkdir()
     group = local.WorkerGroup(tmp_path / "config.yaml", 2)
     group.start()
