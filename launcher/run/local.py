@@ -30,6 +30,7 @@ from types import FrameType
 from contract.errors import EXIT_DIVERGED, EXIT_KILLED, EXIT_STOPPED
 from contract.rundir import environment as environment
 from contract.rundir.events import is_secondary_text, record_environment_end
+from launcher.plan.world import local_gpu_count
 from launcher.run import local_ends, rank_fork
 
 GRACE_S = 30.0
@@ -130,7 +131,7 @@ class WorkerGroup:
             specs.append(rank_fork.RankSpec(argv, env, None if rank == 0 else os.open(log_path, LOG_FLAGS, 0o644),
                                             (listen_fd,) if rank == 0 and listen_fd >= 0 else ()))
         try:
-            if rank_fork.enabled():
+            if rank_fork.enabled(local_gpu_count()):
                 zygote_env = {k: v for k, v in specs[0].env.items() if k != STORE_FD_ENV}
                 self.procs = list(rank_fork.start_ranks(specs, zygote_env) or [])
             for spec in specs[len(self.procs):]:  # not forked: each rank a process of its own

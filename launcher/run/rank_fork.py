@@ -19,8 +19,9 @@ Why forking there is safe: the zygote has run no torch operation (no intra-op th
 context; should an import have done so, each rank starts a fresh interpreter instead (exec). OpenBLAS stops its
 threads around a fork. Python's `random` reseeds in each child; the loop seeds everything else itself.
 
-Where the subreaper can't be set (not Linux), or SLURMTRAIN_FORK_RANKS=0 asks for it, or the zygote dies before it
-has started every rank, each rank starts as a process of its own (launcher/run/local.py), as before.
+On a machine with GPUs (enabled() says why), where the subreaper can't be set (not Linux), where
+SLURMTRAIN_FORK_RANKS=0 asks for it, or when the zygote dies before it has started every rank, each rank starts as a
+process of its own (launcher/run/local.py), as before.
 """
 
 from __future__ import annotations
@@ -99,9 +100,13 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-def enabled() -> bool:
-    """Whether ranks are forked: asked (the default), and this process can be its ranks' subreaper (Linux)."""
-    if os.environ.get(FORK_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+def enabled(gpus: int) -> bool:
+    """Whether ranks are forked: asked (the default), CPU ranks, and this process can be its ranks' subreaper (Linux).
+
+    Ranks on GPUs start fresh: a CUDA driver call before the fork (torch.cuda.is_available() without
+    PYTORCH_NVML_BASED_CUDA_CHECK=1 is one) leaves CUDA unusable in the forked ranks, and no import may be trusted not
+    to make one until the fork path has been verified on a GPU machine."""
+    if gpus > 0 or os.environ.get(FORK_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     return sys.platform.startswith("linux") and _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 

@@ -12,6 +12,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from launcher.run import rank_fork
+
 # The zygote: no preload, and each rank reports what it became, then exits with 10 + its rank (rank 2 waits to be
 # killed).
 ZYGOTE = textwrap.dedent("""
@@ -41,7 +45,7 @@ LAUNCHER = textwrap.dedent("""
     import json, os, signal, socket, sys
     from launcher.run import rank_fork
     log_dir, zygote = sys.argv[1], sys.argv[2]
-    assert rank_fork.enabled()
+    assert rank_fork.enabled(0)
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     specs = []
@@ -116,7 +120,7 @@ def test_a_zygote_that_dies_before_starting_every_rank_leaves_none_running(tmp_p
     script = textwrap.dedent("""
         import json, os, sys
         from launcher.run import rank_fork
-        assert rank_fork.enabled()
+        assert rank_fork.enabled(0)
         specs = [rank_fork.RankSpec([], {"RANK": str(r)}) for r in range(2)]
         print(json.dumps(rank_fork.start_ranks(specs, dict(os.environ), ("-c", sys.argv[1])) is None))
         ppid = lambda pid: open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()[1]
@@ -128,3 +132,12 @@ def test_a_zygote_that_dies_before_starting_every_rank_leaves_none_running(tmp_p
     gave_none, children = [json.loads(line) for line in out.stdout.splitlines()[:2]]
     assert gave_none is True
     assert children == []  # the first rank was killed and reaped: nothing of the attempt is left
+
+
+def test_ranks_on_gpus_or_asked_not_to_start_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA driver call before a fork leaves CUDA unusable in the child: GPU ranks are never forked."""
+    monkeypatch.setattr(rank_fork, "_prctl", lambda option, value: True)  # the test process stays no subreaper
+    assert rank_fork.enabled(0)
+    assert not rank_fork.enabled(2)
+    monkeypatch.setenv(rank_fork.FORK_ENV, "0")
+    assert not rank_fork.enabled(0)
