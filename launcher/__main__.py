@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError
+from contract.errors import EXIT_KILLED
 
-from contract.errors import EXIT_BAD_INPUT, EXIT_KILLED, ConfigError, SweepExit
-from contract.terminal import outlive_terminal
-from launcher.checks import hydra_errors
-from launcher.checks.overrides import typed_as
-from launcher.config_store import register
-from launcher.run.dispatch import dispatch
+INTERRUPTED = "launcher: interrupted (Ctrl-C); run the same command again (a run resumes from its newest checkpoint)"
+
+
+def _interrupted_while_importing(signum: int, frame: object) -> None:
+    """A Ctrl-C while the imports below run (half a second): the one line, not a traceback through Hydra's imports."""
+    print(INTERRUPTED, file=sys.stderr)
+    raise SystemExit(EXIT_KILLED)
+
+
+# Only where Ctrl-C raises KeyboardInterrupt (not where SIGINT is ignored, as for a shell's background job), and only
+# when run in the main thread (an import elsewhere can't set handlers).
+_default_sigint = signal.getsignal(signal.SIGINT)
+_catching = _default_sigint is signal.default_int_handler
+try:
+    if _catching:
+        signal.signal(signal.SIGINT, _interrupted_while_importing)
+except ValueError:
+    _catching = False
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import InterpolationResolutionError  # noqa: E402
+
+from contract.errors import EXIT_BAD_INPUT, ConfigError, SweepExit  # noqa: E402
+from contract.terminal import outlive_terminal  # noqa: E402
+from launcher.checks import hydra_errors  # noqa: E402
+from launcher.checks.overrides import typed_as  # noqa: E402
+from launcher.config_store import register  # noqa: E402
+from launcher.run.dispatch import dispatch  # noqa: E402
+
+if _catching:  # from here, KeyboardInterrupt (main() below) or the workers' handling
+    signal.signal(signal.SIGINT, _default_sigint)
 
 _composed = False
 
@@ -88,8 +113,7 @@ def main() -> None:
             sys.exit(EXIT_BAD_INPUT)
         raise
     except KeyboardInterrupt:  # before the workers took over the signal (composing, planning): a traceback before
-        print("launcher: interrupted (Ctrl-C); run the same command again (a run resumes from its newest checkpoint)",
-              file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         sys.exit(EXIT_KILLED)
     finally:
         hydra_errors.release()

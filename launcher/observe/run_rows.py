@@ -85,12 +85,15 @@ class Row:
 
 
 def local_state(latest: ckpt_layout.CheckpointDir | None, max_steps: int | None, has_metrics: bool,
-                newest: tuple[str, int] | None = None) -> str:
-    """A local run whose newest attempt recorded no end: finished when its checkpoints say so; else, when that
-    attempt ran on this host, running while its rank 0 lives and died (killed without a word: a SIGKILL, the OOM
-    killer) once it is gone. Both read "stopped" before, which is a clean, checkpointed stop."""
+                newest: tuple[str, int] | None = None, recorded: str | None = None) -> str:
+    """A local run whose newest attempt ended in no failure (`recorded`: the end it recorded, None: none): finished
+    when its checkpoints say so; stopped when it recorded a clean end (a Ctrl-C's checkpointed stop, its launcher
+    gone); else, when it ran on this host, running while its rank 0 lives and died (killed without a word: a SIGKILL,
+    the OOM killer) once it is gone."""
     if latest is not None and max_steps is not None and latest.step >= max_steps:
         return "finished"
+    if recorded is not None:
+        return "finished" if recorded == "finished" else "stopped"
     if newest is not None and newest[0] == socket.gethostname():
         return "running" if _alive(newest[1]) else "died"
     return "stopped" if latest is not None or has_metrics else "not started"
@@ -224,7 +227,8 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
         final = final_end(attempt_ends, events.last_local_attempt(run.run_dir))
         ended = events.ending_state(attempt_ends, final)
         row.state = DAMAGED if damage else ended or local_state(latest, max_steps, bool(metrics),
-                                                               events.newest_local_process(run.run_dir))
+                                                               events.newest_local_process(run.run_dir),
+                                                               None if final is None else str(final.get("kind")))
         settle_progress(row, attempt_ends, metrics, final)
         return row
     queued = slurm_state(run.jobs[-1], None if sacct is None else sacct.get(run.jobs[-1], []))

@@ -105,6 +105,23 @@ def test_targets_resolve_or_say_what_is_wrong() -> None:
         build_model(OmegaConf.create({"_target_": "builtins.dict", "args": {}}))
 
 
+def test_a_users_module_importing_its_own_train_package_is_told_the_name_is_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project with a train/ of its own, whose model module imports train.utils: `train` is ours, so the import
+    fails; the error says why and what to rename, not only "No module named 'train.utils'"."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "__init__.py").write_text("")
+    (tmp_path / "train" / "utils.py").write_text("def helper():\n    return 1\n")
+    (tmp_path / "shadowed_model.py").write_text("from train.utils import helper\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TargetError, match=r"No module named 'train.utils'; `train` is slurmtrain's own package .* "
+                                          r"rename yours \(e.g. to my_train/\)"):
+        resolve_target("model._target_", "shadowed_model.TinyLM")
+    with pytest.raises(TargetError) as other:  # any other missing module: the error as it was
+        resolve_target("model._target_", "torch.no_such_module_here.X")
+    assert "slurmtrain's own package" not in str(other.value)
+
+
 class Pairs:
     """(features, class) pairs: not a language model at all."""
 

@@ -58,3 +58,18 @@ def test_ctrl_c_while_the_launcher_plans_is_one_line_and_exit_130(tmp_path: Path
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 130 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-1].startswith("launcher: interrupted (Ctrl-C); run the same command again")
+
+
+def test_ctrl_c_while_the_launcher_imports_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """A Ctrl-C in the launcher's first half second, while it imports Hydra, printed a 40-line KeyboardInterrupt
+    traceback: here the SIGINT comes from inside that import (a `hydra` ahead of the real one on the path)."""
+    fake = tmp_path / "fake" / "hydra"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
+    env = {**launcher_env(), "PYTHONPATH": f"{fake.parent}:{ROOT}"}
+    out = subprocess.run([sys.executable, "-m", "launcher", "trainer.max_steps=1"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 130 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        "launcher: interrupted (Ctrl-C); run the same command again (a run resumes from its newest checkpoint)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake"]  # nothing created

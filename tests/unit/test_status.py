@@ -265,6 +265,24 @@ def test_local_run_states(run_root: Path, slurm: FakeSlurm, capsys: pytest.Captu
     assert slurm.calls() == []
 
 
+def test_a_local_run_stopped_cleanly_reads_stopped_once_its_processes_are_gone(
+        run_root: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Ctrl-C's checkpointed stop (or ranks that checkpointed after their launcher was killed) is `stopped`; only an
+    attempt that recorded no end and whose rank 0 is gone is `died`."""
+    import socket
+
+    from contract.rundir.events import record_event
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a rank 0 pid that no longer runs
+    for name in ("stopped", "silent"):
+        write_run(run_root / name, name=name, max_steps=20, losses=[3.0], checkpoints={10: True})
+        (run_root / name / "local_attempts.txt").write_text(f"0 1.0 {socket.gethostname()} {gone.pid}\n")
+    record_event(run_root / "stopped", "stopped", attempt=0, job=None, step=10)
+    out = run_json(capsys, str(run_root))
+    assert {r["name"]: r["state"] for r in out["rows"]} == {"stopped": "stopped", "silent": "died"}
+
+
 @pytest.mark.parametrize(("value", "text"), [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")])
 def test_a_diverged_run_says_so_in_text_and_json(run_root: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str],
                                                  value: float, text: str) -> None:

@@ -34,7 +34,7 @@ def resolve_target(key: str, target: str) -> Any:
         except ModuleNotFoundError as err:
             if err.name and module_name.startswith(err.name):
                 continue  # this prefix is not a module: try a shorter one
-            raise TargetError(f"{key}={target}: importing {module_name} failed: {err}") from err
+            raise TargetError(f"{key}={target}: importing {module_name} failed: {err}{_shadowed(err.name)}") from err
         try:
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)
@@ -43,6 +43,14 @@ def resolve_target(key: str, target: str) -> Any:
         return obj
     raise TargetError(f"{key}={target} can't be imported: run from the directory that holds "
                       f"{parts[0]}.py (or {parts[0]}/), or install it (pip install -e .)")
+
+
+def _shadowed(missing: str | None) -> str:
+    """Why `train.x` is missing when the user's project has a train/ of its own: the name is slurmtrain's package."""
+    if missing is None or missing.split(".")[0] != "train" or missing == "train":
+        return ""
+    return ("; `train` is slurmtrain's own package (its compute side), which a train/ or train.py of your project can't "
+            "replace: rename yours (e.g. to my_train/) and import it under that name")
 
 
 def check_arguments(key: str, target: str, obj: Any, kwargs: dict[str, Any]) -> None:
