@@ -84,16 +84,19 @@ class Row:
     rank_value: float | None = None
 
 
+CLEAN_STOPS = ("stopped", "preempted", "cancelled")
+
+
 def local_state(latest: ckpt_layout.CheckpointDir | None, max_steps: int | None, has_metrics: bool,
                 newest: tuple[str, int] | None = None, recorded: str | None = None) -> str:
-    """A local run whose newest attempt ended in no failure (`recorded`: the end it recorded, None: none): finished
-    when its checkpoints say so; stopped when it recorded a clean end (a Ctrl-C's checkpointed stop, its launcher
-    gone); else, when it ran on this host, running while its rank 0 lives and died (killed without a word: a SIGKILL,
-    the OOM killer) once it is gone."""
-    if latest is not None and max_steps is not None and latest.step >= max_steps:
+    """A local run whose newest attempt ended in no failure events.ending_state() names (`recorded`: the end it
+    recorded, None: none): finished when its checkpoints say so; stopped when it recorded a clean, checkpointed stop
+    (a Ctrl-C's, or its ranks' after their launcher was killed); else, when it ran on this host, running while its
+    rank 0 lives and died (killed without a word: a SIGKILL, the OOM killer) once it is gone."""
+    if latest is not None and max_steps is not None and latest.step >= max_steps or recorded == "finished":
         return "finished"
-    if recorded is not None:
-        return "finished" if recorded == "finished" else "stopped"
+    if recorded in CLEAN_STOPS:
+        return "stopped"
     if newest is not None and newest[0] == socket.gethostname():
         return "running" if _alive(newest[1]) else "died"
     return "stopped" if latest is not None or has_metrics else "not started"
