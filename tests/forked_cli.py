@@ -90,7 +90,26 @@ def _run_here(module: str, args: list[str], cwd: str, env: dict[str, str], umask
     return code, texts[0], texts[1]
 
 
+def _quit(signum: int, frame: object) -> None:
+    """The test process that started this server is gone (its PR_SET_PDEATHSIG): its socket and folder go too."""
+    Path(sys.argv[1]).unlink(missing_ok=True)
+    try:
+        Path(sys.argv[1]).parent.rmdir()
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _die_with_parent() -> None:
+    """In the server, before exec: SIGTERM when the test process dies, even one that exits without its atexit
+    handlers (an xdist worker can): else the server outlives the suite."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def serve(address: str, preload: Sequence[str]) -> None:
+    signal.signal(signal.SIGTERM, _quit)
     for name in preload:
         try:
             __import__(name)
@@ -106,6 +125,7 @@ def serve(address: str, preload: Sequence[str]) -> None:
                 try:
                     listener.close()
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command waits for its own children
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     conn.send(_run_here(*conn.recv()))
                     code = 0
                 finally:
@@ -127,7 +147,7 @@ def _address(preload: tuple[str, ...]) -> str:
             folder = tempfile.mkdtemp(prefix="forked_cli")
             address = os.path.join(folder, "socket")
             proc = subprocess.Popen([sys.executable, "-m", "tests.forked_cli", address, ",".join(preload)], cwd=ROOT,
-                                    stdout=subprocess.PIPE, text=True)
+                                    stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", "tests.forked_cli died"
             atexit.register(_stop, proc, folder)
             server = _servers[preload] = (proc, address)
