@@ -80,13 +80,7 @@ def _term_with_parent() -> None:
     """In the worker, before exec: SIGTERM it (checkpoint and stop) if the launcher dies without telling it, and
     hold the stop signals until train.entry has installed its handlers (it unblocks them): a Ctrl-C during
     start-up is then delivered to the handler instead of killing the interpreter."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    rank_fork.hold_stops_and_die_with_parent(signal.SIGTERM)
 
 
 def tail(path: Path, lines: int = 40) -> str:

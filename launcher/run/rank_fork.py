@@ -111,10 +111,16 @@ def enabled(gpus: int) -> bool:
     return sys.platform.startswith("linux") and _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
-def _zygote_preexec() -> None:
-    """In the zygote, before exec: the stop signals held (its ranks inherit the mask), and killed with the launcher."""
+def hold_stops_and_die_with_parent(sig: int) -> None:
+    """Before exec in a child the launcher starts: SIGUSR1 and SIGTERM held (train/entry.py unblocks them once its
+    handlers are in place; a zygote's ranks inherit the mask), and `sig` should the launcher die."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def _zygote_preexec() -> None:
+    """In the zygote: killed with the launcher."""
+    hold_stops_and_die_with_parent(signal.SIGKILL)
 
 
 ZYGOTE = ("-m", "launcher.worker", "--fork-ranks")
