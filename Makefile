@@ -10,15 +10,15 @@ TORCH_SPEC ?= torch==2.13.0
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-dist test-slurm test-gpu gpu-check lint docs reference bench bench-quick slurm-install slurm-up slurm-down sshd-install sshd-up sshd-down clean
+.PHONY: help install test test-unit test-dist test-slurm test-gpu test-containers gpu-check lint docs reference bench bench-quick slurm-install slurm-up slurm-down sshd-install sshd-up sshd-down containers-install containers-up containers-down clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-install: ## install slurmtrain (editable) with its dev, docs, deepspeed, hf, eval and fp8 extras
+install: ## install slurmtrain (editable) with its dev, docs, deepspeed, hf, eval, fp8 and ft extras
 	$(PIP) install $(TORCH_SPEC)
 	# compat: a path entry rather than an import hook, so Hydra's plugin scan finds hydra_plugins/ (sweeps)
-	$(PIP) install --config-settings editable_mode=compat -e '.[dev,docs,deepspeed,hf,eval,fp8]'
+	$(PIP) install --config-settings editable_mode=compat -e '.[dev,docs,deepspeed,hf,eval,fp8,ft]'
 
 test: ## run every test tier this machine supports (unit, dist, slurm when `make slurm-up` ran, gpu with CUDA)
 	$(PYTEST) tests -q --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
@@ -35,13 +35,17 @@ test-slurm: ## tests against the local SLURM cluster (run `make slurm-up` first)
 test-gpu: ## CUDA tests (skipped without a GPU)
 	$(PYTEST) tests/gpu -q
 
+test-containers: ## tests on real container runtimes: Charliecloud, enroot, Podman, pyxis (run `make containers-up` first)
+	$(PYTEST) tests/containers -q
+
 gpu-check: ## on a lent GPU, under 8 min: test-gpu, loop_overhead's GPU arm (MFU, tokens/s vs bare loop), memory estimate vs peak; bench/results/gpu/DATE_DEVICE/
 	$(PYTHON) -m bench.gpu_check
 
-lint: ## ruff, mypy, and the import-linter contracts between launcher/, train/ and contract/ (pyproject.toml)
+lint: ## ruff, mypy, the import-linter contracts between launcher/, train/ and contract/ (pyproject.toml), no import circles
 	$(PYTHON) -m ruff check launcher train contract tests bench
 	$(PYTHON) -m mypy launcher contract
 	lint-imports
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit/test_import_graph.py
 
 docs: ## the documentation site into site/ (MkDocs, warnings are errors); its figures are generated, and it fails while a reference page is stale
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
@@ -72,6 +76,15 @@ sshd-up: sshd-install ## start a local login node: sshd on 127.0.0.1:16022 with 
 
 sshd-down: ## stop the local login node's sshd
 	bash scripts/sshd/down.sh
+
+containers-install: ## install Charliecloud and Podman (Debian) and build enroot 4.1.2 and pyxis 0.24.0 (about 80 s once)
+	bash scripts/containers/install.sh
+
+containers-up: containers-install ## pyxis into the local SLURM cluster (after slurm-up), runtime configs, the test image under /var/tmp/slurmtrain-containers (built once)
+	PYTHON=$(PYTHON) TORCH_SPEC=$(TORCH_SPEC) bash scripts/containers/up.sh
+
+containers-down: ## take pyxis out of the local SLURM cluster (slurmd restarted); the images and runtimes stay
+	bash scripts/containers/down.sh
 
 clean: ## remove caches and local outputs
 	rm -rf outputs multirun site .pytest_cache .ruff_cache .mypy_cache

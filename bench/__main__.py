@@ -9,24 +9,8 @@ import importlib
 import json
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
-BENCHMARKS = {
-    "checkpoint_stall": "bench.checkpoint_stall",
-    "submit_latency": "bench.submit_latency",
-    "memory_estimate": "bench.memory_estimate",
-    "telemetry_overhead": "bench.telemetry_overhead",
-    "loop_overhead": "bench.loop_overhead",
-    "preemption_turnaround": "bench.preemption_turnaround",
-    "prepare_throughput": "bench.prepare_throughput",
-    "data_scale": "bench.data_scale",
-    "validation_cost": "bench.validation_cost",
-    "stability_overhead": "bench.stability_overhead",
-    "replica_check": "bench.replica_check",
-    "sweep_planning": "bench.sweep_planning",
-    "sample_cache": "bench.sample_cache",
-}
+from bench.registry import BENCHMARKS, RESULTS
 
 
 def main(argv: list[str] | None = None) -> int:

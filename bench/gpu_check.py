@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import RESULTS
+from bench.registry import RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,10 +75,11 @@ def _test_gpu(out: Path, budget_s: float) -> dict[str, Any]:
 
 
 def _loop_overhead_gpu(full: bool, budget_s: float, on_row: Any, cases: list[str] | None) -> dict[str, Any]:
-    from bench import loop_overhead, loop_overhead_gpu
+    from bench import loop_overhead_gpu
+    from bench.bare_loop import init_single_process
     from train import distributed
 
-    env = loop_overhead._init_single_process()
+    env = init_single_process()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             return loop_overhead_gpu.run_gpu(*loop_overhead_gpu.GPU_PLAN["full" if full else "quick"], env, Path(tmp),

@@ -29,7 +29,7 @@ def main(model: str = "llama3_1b") -> int:
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from bench import loop_overhead
+    from bench.bare_loop import bare, init_single_process
     from bench.loop_overhead_gpu import GPU_COMMON
     from launcher.compose import compose_and_plan
     from train.loop import train
@@ -37,7 +37,7 @@ def main(model: str = "llama3_1b") -> int:
     if not torch.cuda.is_available():
         print("error: bench.gpu_profile needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
-    env = loop_overhead._init_single_process()
+    env = init_single_process()
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     cfg, _ = compose_and_plan([*GPU_COMMON, f"model={model}", "precision=bf16", "trainer.max_steps=30"])
@@ -52,7 +52,7 @@ def main(model: str = "llama3_1b") -> int:
                 (Path(tmp) / "ours").mkdir()
                 train(cfg, env, device, Path(tmp) / "ours")
             else:
-                loop_overhead.bare(cfg, 30, device=device)
+                bare(cfg, 30, device=device)
             hook.remove()
             prof.stop()
             print(f"{arm}: {time.time() - t0:.1f} s wall")

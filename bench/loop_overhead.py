@@ -1,11 +1,11 @@
 """What our training loop costs on top of the model's own work: median step time of train.loop.train against a
 bare PyTorch loop doing the same model work, measured in one run: one process, and DDP on 2 ranks.
 
-The bare loop is what a user would write: the same model class built from the same config (train.model.build), one
-fixed micro batch already in memory (no data loading at all), forward, cross-entropy, backward with the same
-gradient accumulation, clip_grad_norm_, the same AdamW (train.optim.build_optimizer: same groups and foreach
-kernels), zero_grad. Ours is the real loop as `python -m launcher` runs it on one rank (strategy ddp = the bare
-model on one rank; synthetic data through the prefetch thread; telemetry, watchdog, metrics, the per-step stop
+The bare loop (bench/bare_loop.py) is what a user would write: the same model class built from the same config
+(train.model.build), one fixed micro batch already in memory (no data loading at all), forward, cross-entropy,
+backward with the same gradient accumulation, clip_grad_norm_, the same AdamW (train.optim.build_optimizer: same
+groups and foreach kernels), zero_grad. Ours is the real loop as `python -m launcher` runs it on one rank (strategy
+ddp = the bare model on one rank; synthetic data through the prefetch thread; telemetry, watchdog, metrics, the per-step stop
 agreement; no periodic checkpoints). Both are timed the same way: wall time per step over intervals of LOG_EVERY
 steps (ours from metrics.jsonl's tokens/s, rank 0's clock from one log step to the next), the first interval
 (warm-up) dropped, the median over the intervals. Runs alternate in adjacent pairs (ours/bare, bare/ours, ...) so
@@ -26,12 +26,12 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from bench.bare_loop import LOG_EVERY, bare, init_single_process
+
 COMMAND = "python -m bench loop_overhead"
-LOG_EVERY = 10
 COMMON = ["local.nproc=1", "logger.backend=none", "trainer.ckpt_every=0", f"trainer.log_every={LOG_EVERY}",
           "trainer.progress_bar=false", "data.seq_len=64"]
 CASES: dict[str, dict[str, Any]] = {
@@ -48,20 +48,6 @@ QUICK = {"tiny": (40, 2), "gpt_24m": (30, 1)}
 DDP_WORLD = 2
 
 
-def _init_single_process() -> Any:
-    from train import distributed
-
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      SLURMTRAIN_LAUNCHER="local")
-    if "MASTER_PORT" not in os.environ:
-        from bench.ports import hosted_port
-
-        os.environ["MASTER_PORT"] = str(hosted_port(1))
-    env = distributed.detect()
-    distributed.init_process_group(env, "gloo")
-    return env
-
-
 def ours(cfg: Any, env: Any, run_dir: Path) -> float:
     """Median wall time per step of the real loop (s)."""
     import torch
@@ -72,63 +58,6 @@ def ours(cfg: Any, env: Any, run_dir: Path) -> float:
     run_dir.mkdir(parents=True)
     train(cfg, env, torch.device("cpu"), run_dir)
     return statistics.median(step_times(run_dir / "metrics.jsonl", LOG_EVERY))
-
-
-def bare(cfg: Any, steps: int, rank: int = 0, world: int = 1, device: Any = None) -> float:
-    """Median wall time per step of a plain PyTorch loop over the same model work (s); with world > 1 the model is
-    wrapped in a default DistributedDataParallel and each rank trains on a micro batch of its own. On a GPU
-    (`device`): the model there, autocast to the config's compute dtype, its blocks' linear layers in float8 for
-    precision=fp8, each block compiled when the config compiles them (strategy.compile), and the clock read after
-    a device sync."""
-    import contextlib
-
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
-
-    from train.data import build_source, load_micro_batch
-    from train.loop import seed_everything
-    from train.model.blocks import blocks_for
-    from train.model.build import build_model, logits_of
-    from train.optim import build_optimizer
-
-    device = device or torch.device("cpu")
-    t = cfg.trainer
-    seed_everything(t.seed)
-    model = build_model(cfg.model).to(device)
-    if cfg.precision.name == "fp8":  # torchao's float8 linear layers, as ours converts them
-        from train.model.float8 import convert
-
-        convert(model, cfg, device)
-    if cfg.strategy.get("compile", False):
-        for _, block in blocks_for(model, cfg.model, cfg.strategy):
-            block.compile()
-    optimizer = build_optimizer(model, cfg.optim)
-    wrapped = DistributedDataParallel(model) if world > 1 else model
-    dtype = getattr(torch, cfg.precision.compute_dtype)
-    autocast = (contextlib.nullcontext() if dtype == torch.float32
-                else torch.autocast(device_type=device.type, dtype=dtype))
-    micro = t.micro_batch_size
-    inputs, targets = (x.to(device) for x in load_micro_batch(build_source(cfg.data, cfg.model.vocab_size),
-                                                                  range(rank * micro, (rank + 1) * micro)))
-    intervals, start = [], time.perf_counter()
-    for step in range(1, steps + 1):
-        for _ in range(t.grad_accum_steps):
-            with autocast:
-                logits = logits_of(wrapped(inputs))
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            (loss / t.grad_accum_steps).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % LOG_EVERY == 0:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # ours reads the loss at a log step: the same sync
-            now = time.perf_counter()
-            if step > LOG_EVERY:  # the first interval is warm-up, as for ours
-                intervals.append((now - start) / LOG_EVERY)
-            start = now
-    return statistics.median(intervals)
 
 
 def run_case(name: str, steps: int, pairs: int, env: Any, tmp: Path) -> dict[str, Any]:
@@ -301,7 +230,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     torch.set_num_threads(1)  # as every rank runs (trainer.cpu_threads=1); both loops alike
     plan = QUICK if quick else FULL
-    env = _init_single_process()
+    env = init_single_process()
     gpu: dict[str, Any]
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,8 @@
 on the same GPU, and the host-device synchronisations of our steady steps.
 
 Rows: gpt2_124m at micro batch 8, gpt2_350m at 8 and 16, llama3_1b at 8 in bf16 and in fp8 (torchao float8 linear
-layers in both loops), seq_len 1024, each block compiled. The bare loop is bench/loop_overhead.py's `bare` (the same
+layers in both loops, those too small to pay left in bf16 by torchao's size rule), and Llama 3 8B's width with 4
+layers in bf16 and fp8, seq_len 1024, each block compiled. The bare loop is bench/bare_loop.py's `bare` (the same
 model, compiled and converted alike, one micro batch in memory, the plain loss). Ours is train() as one rank runs it.
 
 Syncs: our timed run goes under `torch.cuda.set_sync_debug_mode("warn")`, which warns at every synchronising CUDA
@@ -24,13 +25,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.loop_overhead import LOG_EVERY, bare
+from bench.bare_loop import LOG_EVERY, bare
 
 # In the order they matter (a run cut short by make gpu-check's time budget keeps the first rows).
 GPU_CASES = {
     "gpt2_350m mb8": ["model=gpt2_350m", "precision=bf16"],
     "llama3_1b mb8": ["model=llama3_1b", "precision=bf16"],
     "llama3_1b mb8 fp8": ["model=llama3_1b", "precision=fp8"],
+    # Llama 3 8B's width (d_model 4096, 32 heads, 8 kv heads, ffn 14336, 128k vocabulary) with 4 of its 32 layers, to
+    # fit one GPU: where torchao publishes float8's speedup (+25% tensorwise with FSDP2's float8 all-gather, 8 H100s).
+    # One GPU has no all-gather to save: this row measures the matmuls alone.
+    "llama3_8b_w4l mb8": ["model=llama3_8b", "model.n_layers=4", "precision=bf16"],
+    "llama3_8b_w4l mb8 fp8": ["model=llama3_8b", "model.n_layers=4", "precision=fp8"],
     "gpt2_350m mb16": ["model=gpt2_350m", "precision=bf16", "trainer.micro_batch_size=16"],
     "gpt2_124m mb8": ["model=gpt2_124m", "precision=bf16"],
 }
@@ -39,7 +45,9 @@ GPU_COMMON = ["strategy=ddp", "strategy.compile=true", "data.seq_len=1024", "tra
               "trainer.progress_bar=false", "eval.every=0"]
 GPU_TARGET = 1.00
 MFU_TARGETS = {"llama3_1b mb8": 0.50, "gpt2_350m mb16": 0.48}
-FP8_SPEEDUP_TARGET = 1.25
+# fp8 / bf16 tokens/s: 1.10 at llama3_1b's width (torchao's tables put rowwise near break-even at d_model 2048),
+# 1.25 at 8B's (torchao's published tensorwise figure).
+FP8_SPEEDUP_TARGETS = {"llama3_1b mb8": 1.10, "llama3_8b_w4l mb8": 1.25}
 # (steps per run, pairs): quick is what make gpu-check runs (5 rows, 10 compiled runs, under 8 minutes on an H200).
 GPU_PLAN = {"full": (60, 3), "quick": (30, 1)}
 # Dense peaks (TFLOP/s) of the GPUs we know, for MFU.
@@ -160,15 +168,17 @@ def run_gpu(steps: int, pairs: int, env: Any, tmp: Path, *, deadline: float | No
         if case in MFU_TARGETS:
             row["target_mfu"] = MFU_TARGETS[case]
         if enabled(cfg.precision) and peak and peak_fp8:
-            mixed = effective_peak(flops, float8_flops_per_token(cfg.model), peak_fp8, peak)
+            mixed = effective_peak(flops, float8_flops_per_token(cfg.model, cfg.precision), peak_fp8, peak)
             row["mfu_ours_mixed_peak"] = round(tps["ours"] * flops / (mixed * 1e12), 4)
         out[case] = row
         if on_row is not None:
             on_row(out)
-    bf16, fp8 = out.get("llama3_1b mb8"), out.get("llama3_1b mb8 fp8")
-    if bf16 and fp8:
-        out["fp8_speedup"] = {"value": round(fp8["tokens_per_s_ours"] / bf16["tokens_per_s_ours"], 4),
-                              "target": FP8_SPEEDUP_TARGET}
+    for case, target in FP8_SPEEDUP_TARGETS.items():
+        bf16, fp8 = out.get(case), out.get(f"{case} fp8")
+        if bf16 and fp8:
+            key = "fp8_speedup" if case == "llama3_1b mb8" else f"fp8_speedup {case}"
+            out[key] = {"value": round(fp8["tokens_per_s_ours"] / bf16["tokens_per_s_ours"], 4), "target": target,
+                        "case": case}
     return out
 
 
@@ -191,7 +201,8 @@ def report_lines(gpu: dict[str, Any]) -> list[str]:
                      f"{c['syncs_per_steady_step']:g} syncs per steady step")
     if gpu.get("not_run"):
         lines.append(f"  not run (make gpu-check's time budget): {', '.join(gpu['not_run'])}")
-    if "fp8_speedup" in gpu:
-        s = gpu["fp8_speedup"]
-        lines.append(f"  llama3_1b fp8 / bf16 tokens/s: {s['value']:.3f}x (target >= {s['target']})")
+    for key in [k for k in gpu if k.startswith("fp8_speedup")]:
+        s = gpu[key]
+        lines.append(f"  {s.get('case', 'llama3_1b mb8')} fp8 / bf16 tokens/s: {s['value']:.3f}x (target >= "
+                     f"{s['target']})")
     return lines

@@ -204,7 +204,7 @@ def _cpu_figure(x: dict[str, Any]) -> dict[str, Any]:
 def last_cuda_measurement(quick: bool) -> dict[str, Any] | None:
     """The GPU rows stored by the last run that had CUDA, so that a CPU-only `make bench` does not erase them;
     marked `kept` with when and where they were measured."""
-    from bench.__main__ import RESULTS
+    from bench.registry import RESULTS
 
     path = (RESULTS / "quick" if quick else RESULTS) / "memory_estimate.json"
     try:

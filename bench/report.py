@@ -23,7 +23,7 @@ def rows_of(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
     if "skipped" in result:
         rows = [{"figure": name, "value": None, "skipped": result["skipped"]}]
     else:
-        from bench.__main__ import BENCHMARKS
+        from bench.registry import BENCHMARKS
 
         module = importlib.import_module(BENCHMARKS[name]) if name in BENCHMARKS else None
         rows = module.figures(result) if module is not None and hasattr(module, "figures") else []
@@ -36,7 +36,7 @@ def rows_of(name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
 def notes_of(name: str, result: dict[str, Any]) -> str:
     """A benchmark's own markdown section after the table (`notes(result)`: where the time goes, what limits a
     missed target), or ''."""
-    from bench.__main__ import BENCHMARKS
+    from bench.registry import BENCHMARKS
 
     if "skipped" in result or name not in BENCHMARKS:
         return ""
@@ -131,7 +131,7 @@ def _iso(moment: datetime) -> str:
 
 
 if __name__ == "__main__":
-    from bench.__main__ import RESULTS
+    from bench.registry import RESULTS
 
     directory = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
     for written in write_report(load_results(directory), directory):

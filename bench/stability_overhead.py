@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.loop_overhead import CASES, COMMON, DDP_WORLD, LOG_EVERY, _init_single_process, join_gloo, ours
+from bench.bare_loop import LOG_EVERY, init_single_process
+from bench.loop_overhead import CASES, COMMON, DDP_WORLD, join_gloo, ours
 
 COMMAND = "python -m bench stability_overhead"
 TARGET = 1.02
@@ -114,7 +115,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     plan, ddp_plan = (QUICK, QUICK) if quick else (FULL, DDP_FULL)
     hook_us = hook_us_per_step()
     with tempfile.TemporaryDirectory() as tmp:
-        env = _init_single_process()
+        env = init_single_process()
         try:
             cases = {name: _pairs(name, *plan[name], env, Path(tmp)) for name in plan}
         finally:

@@ -32,8 +32,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bench.bare_loop import LOG_EVERY, init_single_process
 from bench.loop_overhead import CASES as LOOP_CASES
-from bench.loop_overhead import COMMON, LOG_EVERY, _init_single_process
+from bench.loop_overhead import COMMON
 from bench.loop_overhead import bare as bare_training
 
 COMMAND = "python -m bench validation_cost"
@@ -201,7 +202,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     torch.set_num_threads(1)  # as every rank runs (trainer.cpu_threads=1)
     plan = QUICK if quick else FULL
-    env = _init_single_process()
+    env = init_single_process()
     try:
         cases = {name: pass_cost(name, *plan["pass"][name], env) for name in CASES}
         with tempfile.TemporaryDirectory() as tmp:

@@ -12,6 +12,8 @@ Both sides import it; it imports neither of them, nor torch, deepspeed, wandb or
                 checkpoint layout and markers, evaluation results, skipped samples, environment failures
     data/       the prepared-dataset format (manifest, fingerprints), the data-source spec and its checks,
                 the mixture's apportionment
+    container/  container=...: each runtime's command line around the ranks, the automatic mounts, a SLURM job's
+                container lines, a requeue asked for inside a container
     search/     a hyperparameter search's files (the sweep directory, a trial's trial.json) and its Optuna objects
     rules/      pure functions both sides compute: schedules, FLOPs per token, sbatch parameters, evaluation sets
                 and jobs, stability settings, model.init_from's source, the Hugging Face config, strategy names

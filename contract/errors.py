@@ -14,7 +14,10 @@ EXIT_KILLED = 130
 
 def shown(value: object) -> str:
     """A config value as an error quotes it: a float key given a whole number reads as the number typed
-    (trainer.max_tokens=5000, not the 5000.0 a float-typed schema key turns it into), anything else as str()."""
+    (trainer.max_tokens=5000, not the 5000.0 a float-typed schema key turns it into), a boolean as an override
+    writes it (data.shuffle=false, not False), anything else as str()."""
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)

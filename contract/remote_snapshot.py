@@ -4,12 +4,13 @@ that never changes once made, and the manifest both sides read.
     ID            the first 16 hex digits of the SHA-256 of the file list (path, executable bit and SHA-256 of
                   each file, in path order): the same content is the same snapshot, copied once
     MANIFEST      ID/.slurmtrain-snapshot.json, written last (its presence marks a complete snapshot):
-                  {"format": 1, "id", "created", "source" (the local directory), "git" ({"commit", "dirty",
-                  "diff"} or null outside a git tree), "files": [{"path", "size", "sha256", "executable"}]}
+                  {"format": 1, "id", "created", "source" (the local directory), "git": null (the same files are
+                  launched at many commits: each launch's is in GIT_STATES; older manifests held the first
+                  launch's), "files": [{"path", "size", "sha256", "executable"}]}
     outputs       ID/outputs -> ../../outputs: run.root's default lands in WORKDIR/outputs, shared by snapshots
     GIT_STATES    ID/.slurmtrain-git/KEY.json: the git state ({"commit", "dirty", "diff"}) of each launch (the same
                   content is launched again at another commit when the commit changed no shipped file): the launcher
-                  runs with GIT_STATE_ENV=KEY and its run records that state, not the manifest's (the first launch's)
+                  runs with GIT_STATE_ENV=KEY and its run records that state; without it, the commit is unknown
 
 The launcher runs in ID/ on the cluster, so a job (and its requeues) imports the code it was submitted with;
 the run directory's environment.json names the snapshot and commit (`snapshot_record`) and snapshot.diff holds
@@ -115,3 +116,29 @@ def snapshot_diff(launch_dir: str | None = None) -> str:
     here = Path(launch_dir or os.getcwd())
     data = read_manifest(here)
     return str(_git_of(here, data).get("diff") or "") if data is not None else ""
+
+
+def manifest_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The files one snapshot's manifest has otherwise than another's: 'PATH' (changed), 'PATH (new)',
+    'PATH (removed)', in path order."""
+    def files(data: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        return {str(f.get("path")): (f.get("sha256"), f.get("executable")) for f in data.get("files") or []
+                if isinstance(f, dict)}
+
+    before, after = files(old), files(new)
+    out = []
+    for path in sorted(set(before) | set(after)):
+        if path not in before:
+            out.append(f"{path} (new)")
+        elif path not in after:
+            out.append(f"{path} (removed)")
+        elif before[path] != after[path]:
+            out.append(path)
+    return out
+
+
+def current_snapshot_id(launch_dir: str | None = None) -> str | None:
+    """The id of the snapshot the launcher (or a rank) runs in; None outside one."""
+    data = read_manifest(Path(launch_dir or os.getcwd()))
+    return str(data["id"]) if data is not None and data.get("id") else None
+

@@ -3,7 +3,7 @@
 What a user or a job types, and the foundations everything imports, are at the top; the rest is grouped by stage:
 
     __main__.py   python -m launcher [overrides]: compose -> check -> plan -> run (locally or on SLURM)
-    status.py     python -m launcher.status: one row per run of a run, sweep or run root
+    status.py     python -m launcher.status: a table with one row per run (of a run, a sweep or a run root)
     report.py     python -m launcher.report: PNG plots of a run, a sweep or a run root
     export.py     python -m launcher.export: a checkpoint as safetensors or a Hugging Face model
     sample.py     python -m launcher.sample: text from a checkpoint

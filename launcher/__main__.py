@@ -93,7 +93,7 @@ def multirun_first(argv: list[str]) -> list[str]:
 
 def main() -> None:
     sys.argv[1:] = multirun_first(sys.argv[1:])
-    if any(arg.startswith(("+remote=", "remote=", "remote.")) for arg in sys.argv[1:]):
+    if any(arg.startswith(("+remote=", "remote=", "remote.", "+remote.", "++remote.")) for arg in sys.argv[1:]):
         from launcher.run.remote.launch import forward
 
         code = forward(sys.argv[1:])  # the same command on a cluster's login node (launcher/run/remote/)
@@ -110,6 +110,10 @@ def main() -> None:
         # runs; that is bad input too: one line and our exit code.
         if exit_.code == 1 and not _composed and not isinstance(exit_, SweepExit):
             print(hydra_errors.one_line(hydra_errors.take()), file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+        if exit_.code == 2 and not _composed and not isinstance(exit_, SweepExit):  # argparse: usage and its error
+            held = hydra_errors.take()
+            print(hydra_errors.argparse_problem(held) or held.rstrip(), file=sys.stderr)
             sys.exit(EXIT_BAD_INPUT)
         raise
     except KeyboardInterrupt:  # before the workers took over the signal (composing, planning): a traceback before

@@ -17,7 +17,7 @@ from contract.errors import EXIT_BAD_INPUT
 
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("launcher.prepare", "turn a corpus (text, JSON Lines, Parquet) into token shards, locally or as a SLURM array"),
-    ("launcher.status", "one row per run of a run, a sweep or a run root: step, loss, state, GPU-hours"),
+    ("launcher.status", "a table with one row per run (of a run, a sweep or a run root): step, loss, state, GPU-hours"),
     ("launcher.report", "PNG plots of a run, a sweep or a run root: loss, learning rate, gradient norm, tokens/s"),
     ("launcher.sample", "generate text from a run's checkpoint"),
     ("launcher.export", "a checkpoint as one safetensors file or a verified Hugging Face directory"),

@@ -8,7 +8,8 @@ are typed, with no job around them, and one entry lives under `launcher` for its
     sample      launcher/sample.py generates from a checkpoint on this machine
     evaluate    launcher/evaluate.py submits evaluation jobs of its own (the sbatch call training's rank 0 makes)
     the worker  launcher/worker.py is the compute-side entry as we start it (local workers, submitit's pickled
-                `launcher.worker.run`, the sbatch scripts, evaluation jobs); going through `launcher` keeps our `train`
+                `launcher.worker.run`, the sbatch scripts, evaluation jobs, a replica group's batch shell after srun);
+                going through `launcher` keeps our `train`
                 package ahead of a user's own train.py in the working directory
 Each function imports train/ only when called, so importing this module never imports torch.
 """
@@ -39,6 +40,13 @@ def preload() -> None:
     from train.entry import preload
 
     preload()
+
+
+def group_ended(run_dir: str, code: int) -> int:
+    """A replica group's array task after srun ended with `code` (train/replicas/task_end.py: requeue it alone)."""
+    from train.replicas.task_end import group_ended
+
+    return group_ended(run_dir, code)
 
 
 def probe_main() -> int:

@@ -3,8 +3,8 @@
 Consolidates a run's checkpoint (the newest complete one, --step N, or --best: the one that measured best by the
 run's checkpoint.keep_best, else its first validation set's loss), written by any number of ranks with any
 strategy, into full weights on this machine's CPU: one safetensors file, or a Hugging Face directory (--format hf:
-slurmtrain's Llama- and GPT-2-style transformer as LlamaForCausalLM or GPT2LMHeadModel, a model=hf_causal_lm run as
-its own class) with config.json, generation_config.json, safetensors shards (--max-shard-size), the run's tokenizer,
+slurmtrain's Llama- and GPT-2-style transformer as LlamaForCausalLM or GPT2LMHeadModel, a mixture of experts
+(model.moe: a Llama with experts in every layer) as MixtralForCausalLM, a model=hf_causal_lm run as its own class) with config.json, generation_config.json, safetensors shards (--max-shard-size), the run's tokenizer,
 in --dtype, loaded back and compared with the run's model before it is called done (--no-verify: only for a model
 whose check does not fit in memory). Writes to RUN_DIR/export/ unless --out says where; never overwrites.
 """

@@ -6,13 +6,17 @@ e.g. outputs/): a run root gets one figure of each kind overlaying every run bel
 
     loss.png                   three panels over the step, one line per run in the same colour in each (a sweep's
                                points labelled by their swept values): the loss (faint as logged, under its
-                               smoothed line: TensorBoard's moving average, --smoothing), the learning rate (on a log axis
+                               smoothed line: TensorBoard's moving average by step, --smoothing), the learning rate (on a log axis
                                when the runs' peak rates span more than 10x, as in a learning-rate sweep) and the
                                gradient norm; on the loss panel, each validation set's loss (in-loop or from
                                evaluation jobs) in the run's colour, dotted with circles, a dash pattern per set
     tokens_per_s.png           one line per run
-    moe_load.png               a mixture of experts: the expert load's max/mean in the most uneven layer per log
-                               interval (1: even), one line per run (train/observe/moe_stats.py)
+    moe_load.png               a mixture of experts: the expert load's max/mean of each MoE layer per log interval
+                               (1: even), one line per layer, named (train/observe/moe_stats.py)
+    (each over the step)       where an attempt stopped (dotted) and the next resumed (dashed), from events.jsonl
+    goodput.png                after a failure: one bar per run of what its GPU-time went to (trained, start-up,
+                               restarts, between attempts, queue waits, redone and stalled steps, checkpointing;
+                               launcher/observe/cost_figure.py) and each failure's line under the bars
     harness.png                with eval.harness.tasks: each task's scores against the step (error bars: their
                                stderr), one panel per task, each run's validation loss dotted on the right axis
                                (launcher/observe/harness_figure.py)
@@ -46,9 +50,11 @@ from typing import TYPE_CHECKING
 from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.checks.overrides import override_key
 from launcher.commands import CommandParser
+from launcher.observe.figure_marks import moe_layer_lines
 from launcher.observe.figures import (
     METRICS,
     SMOOTHING,
+    Series,
     final_loss_figure,
     final_losses,
     line_figure,
@@ -115,16 +121,20 @@ def out_dir(path: Path) -> Path:
 def write_report(path: Path, target: Target, title: str, rank_by: str | None = None,
                  smoothing: float = SMOOTHING) -> list[Path]:
     written = [save(training_figure(target.runs, title, smoothing), path / "loss.png")]
-    written += [save(line_figure(metric_series(target.runs, key), label, title), path / f"{key}.png")
+    written += [save(line_figure(metric_series(target.runs, key), label, title, target.runs), path / f"{key}.png")
                 for key, label in METRICS.items()]
-    experts = metric_series(target.runs, "moe_load_max_mean")
-    if experts:  # a mixture of experts: the most uneven layer's expert load (1: even; top_k of E experts: E / top_k)
-        written.append(save(line_figure(experts, "expert load max/mean (most uneven layer)", title),
+    experts = [Series(*line) for line in moe_layer_lines(target.runs)]
+    if experts:  # a mixture of experts: each MoE layer's expert load, named (1: even; top_k of E experts: E / top_k)
+        written.append(save(line_figure(experts, "expert load max/mean, by layer", title, target.runs),
                             path / "moe_load.png"))
     from launcher.observe.harness_figure import harness_figure
 
     scores = harness_figure(target.runs, title)
     written += [save(scores, path / "harness.png")] if scores is not None else []
+    from launcher.observe.cost_figure import cost_figure
+
+    spent = cost_figure(target.runs, title)  # a run that had a failure: what its GPU-time went to, each failure
+    written += [save(spent, path / "goodput.png")] if spent is not None else []
     if target.sweep is not None:
         ranked = rank_runs([run.run_dir for run in target.runs], rank_by)
         for key in dict.fromkeys(map(override_key, target.sweep.swept)):
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     from contract.search.layout import is_search_dir
 
     if args.overlay is None and args.dirs and all(is_search_dir(path) for path in args.dirs):
-        from launcher.sweeps.search_status import main_report  # a hyperparameter search: its trials' values
+        from launcher.sweeps.search_report import main_report  # a hyperparameter search: its trials' values
 
         return max(main_report(path) for path in args.dirs)
     try:

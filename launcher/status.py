@@ -1,5 +1,5 @@
-"""`python -m launcher.status [DIR] [--json] [--watch [SECONDS]] [--rank-by METRIC]`: one row per run of a run,
-sweep or run root.
+"""`python -m launcher.status [DIR] [--json] [--watch [SECONDS]] [--rank-by METRIC]`: a table with one row per run
+(of a run directory, a sweep or a run root): step, loss, state, GPU-hours.
 
 DIR is a run directory (config.yaml), a sweep directory (sweep.json) or a directory holding run directories
 (run.root, e.g. outputs/); or a prepared dataset directory, or a folder of them (launcher.prepare.status: one row
@@ -119,6 +119,7 @@ def snapshot(path: Path, target: Target, clock: bool = False, rank_by: str | Non
     notes += [Text(f"{row.name}: {row.ending}", style="red") for row in rows if row.ending]
     notes += [Text(f"{row.name}: {note}", style="red") for row in rows for note in row.corruption]
     notes += [Text(f"{row.name}: {note}", style="yellow") for row in rows for note in row.stability]
+    notes += [Text(f"{row.name}: {note}") for row in rows for note in row.cost_notes]  # what failures cost
     notes += [Text(f"{row.name}: {row.experts}") for row in rows if row.experts]
     notes += [Text(f"{row.name}: {eval_results.describe(row.evaluation)}") for row in rows if row.evaluation]
     notes += [Text(f"{row.name}: {harness_scores.line(row.harness)}") for row in rows if row.harness]
@@ -172,7 +173,7 @@ def preparation(path: Path, datasets: list[Path], as_json: bool, every_s: float 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m launcher.status", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("dir", nargs="?", default=".", type=Path,
                         help="a run directory, a sweep directory, a run.root, a prepared dataset directory or a "
                         "folder of them (default: .)")

@@ -7,6 +7,8 @@
     python -m launcher.worker --init-from < request.json  (launcher/plan/init_from.py: do model.init_from's weights fit)
     python -m launcher.worker --fork-ranks FD             (launcher/run/rank_fork.py: imports once, forks the local
                                                            ranks, each then runs as `--config` above)
+    python -m launcher.worker --group-ended RUN_DIR CODE  (a replica group's batch shell after srun ended with CODE:
+                                                           train/replicas/task_end.py requeues its array task)
 
 Going through `launcher` first (see launcher/__init__.py) keeps our `train` package ahead of a user's own train.py
 in the working directory; the work itself is train.entry's, reached through launcher/compute_seam.py.
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return compute_seam.probe_main()
     if argv[:1] == ["--evaluate"] and len(argv) in (3, 4):
         return compute_seam.evaluate(argv[1], int(argv[2]), argv[3] if len(argv) == 4 else None)
+    if argv[:1] == ["--group-ended"] and len(argv) == 3:
+        return compute_seam.group_ended(argv[1], int(argv[2]))
     if argv[:1] == ["--init-from"]:
         return compute_seam.init_from_main()
     if argv[:1] == ["--fork-ranks"] and len(argv) == 2:

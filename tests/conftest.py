@@ -79,15 +79,17 @@ def cuda_available() -> bool:
 
 # `make test` runs the tiers on pytest-xdist workers (--dist loadgroup): a test file is one unit of work (its
 # module-scoped set-up runs once), and the slurm tier is one unit, in order, since its tests share the cluster's three
-# nodes. The slurm unit goes first, being the longest, and the dist files before the unit files, so that the short
-# unit files fill the end.
-TIER_ORDER = {"slurm": 0, "dist": 1, "gpu": 2, "unit": 3}
+# nodes; so is the containers tier (tests/containers: real runtimes, pyxis jobs on the same cluster), which can run
+# beside it on another worker. The slurm and containers units go first, being the longest, and the dist files before
+# the unit files, so that the short unit files fill the end.
+TIER_ORDER = {"slurm": 0, "containers": 0, "dist": 1, "gpu": 2, "unit": 3}
+ONE_UNIT_TIERS = ("slurm", "containers")
 
 
 def _work_unit(item: pytest.Item) -> tuple[int, str]:
     path = item.nodeid.split("::")[0]
     tier = Path(path).parent.name
-    return TIER_ORDER.get(tier, len(TIER_ORDER)), "slurm" if tier == "slurm" else path
+    return TIER_ORDER.get(tier, len(TIER_ORDER)), tier if tier in ONE_UNIT_TIERS else path
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

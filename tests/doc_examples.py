@@ -2,6 +2,8 @@
 
     <!-- run -->            the next ```bash block runs in the local tier (tests/dist/test_doc_examples.py)
     <!-- run: slurm -->     it runs on the local cluster (tests/slurm/test_doc_examples.py)
+    <!-- run: containers --> it runs in the containers tier, on `make containers-up`'s runtimes and test image
+                            (tests/containers/test_container_docs.py)
     <!-- illustrative -->   it is not run (a GPU cluster, a user's own paths); a sentence says so
     <!-- output -->         the next ```text block lists lines the runnable block before it prints, in order;
                             `...` inside a line matches any text
@@ -23,7 +25,8 @@ from pathlib import Path
 from tests.conftest import ROOT, launcher_env
 
 RUN, SLURM, ILLUSTRATIVE, OUTPUT = "run", "run: slurm", "illustrative", "output"
-MARKERS = {f"<!-- {m} -->": m for m in (RUN, SLURM, ILLUSTRATIVE, OUTPUT)}
+CONTAINERS = "run: containers"
+MARKERS = {f"<!-- {m} -->": m for m in (RUN, SLURM, CONTAINERS, ILLUSTRATIVE, OUTPUT)}
 # Fenced blocks a reader would type into a shell: each needs a marker.
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console", "zsh")
 _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
@@ -45,7 +48,7 @@ class Block:
 
     @property
     def runnable(self) -> bool:
-        return self.marker in (RUN, SLURM)
+        return self.marker in (RUN, SLURM, CONTAINERS)
 
 
 def _shown(page: Path) -> str:

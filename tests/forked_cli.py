@@ -133,11 +133,18 @@ def serve(address: str, preload: Sequence[str]) -> None:
             conn.close()
 
 
-def _stop(proc: subprocess.Popen[str], folder: str) -> None:
+def _stop(proc: subprocess.Popen[str], folder: str, owner: int) -> None:
+    """At the exit of the test process that started the server; not in a child forked from it (a dist test's rank
+    that exits through its atexit handlers), which would stop the server under its parent."""
+    if os.getpid() != owner:
+        return
     proc.kill()
     proc.wait()
     Path(folder, "socket").unlink(missing_ok=True)
-    Path(folder).rmdir()
+    try:
+        Path(folder).rmdir()
+    except OSError:
+        pass  # the server's own SIGTERM handler (_quit) removed it first
 
 
 def _address(preload: tuple[str, ...]) -> str:
@@ -149,7 +156,7 @@ def _address(preload: tuple[str, ...]) -> str:
             proc = subprocess.Popen([sys.executable, "-m", "tests.forked_cli", address, ",".join(preload)], cwd=ROOT,
                                     stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", "tests.forked_cli died"
-            atexit.register(_stop, proc, folder)
+            atexit.register(_stop, proc, folder, os.getpid())
             server = _servers[preload] = (proc, address)
         return server[1]
 

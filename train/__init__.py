@@ -7,7 +7,8 @@ directory through the contract (contract/) and never imports launcher/.
     loop.py        the training loop: resume, micro steps, the optimizer step, log, agree on stopping, save
     distributed.py rank, world and master address -> process group and device
     gc_control.py  Python's garbage collector frozen after set-up and run every trainer.gc_every steps
-    loss.py        the loss over the targets that count (IGNORE_INDEX left out), and the tokens a step trains
+    loss.py        the loss over the targets that count (IGNORE_INDEX left out), with z-loss, plain or in chunks
+                   (compiled with strategy.compile), and the tokens a step trains
     optim.py       the optimizer (optim.name) over its parameter groups (optim.no_decay), and its schedule
     optimizers/    Muon with AdamW, Adafactor on DTensor shards, SGD and Lion: what torch's classes can't do as we need
     model/         slurmtrain's transformer, a user's or a Hugging Face model built, probed, sampled
@@ -19,6 +20,7 @@ directory through the contract (contract/) and never imports launcher/.
     stability/     non-finite steps, spikes, rollback, replica checks
     search/        a search's trial: its metric reported to the study at each evaluation, pruned there
     faults/        preemption, signals, hangs (watchdog), unexpected failures and requeue
+    replicas/      replica groups over torchft: the cross-group average, healing from a live group, the ledger
     observe/       logs, metrics and wandb; telemetry (MFU, stragglers, profiles); measured memory
 """
 

@@ -17,8 +17,11 @@ import torch
 from contract.config.schema import TrainerConfig
 from contract.data.fingerprint import data_fingerprint, refuse_changed_data
 from contract.rules.log_backends import backends
+from contract.rules.step_options import step_line
+from contract.rules.verify_early import enabled as verify_early_enabled
 from contract.rundir.events import settle_steps_lost
 from train import distributed
+from train.checkpoints.early_check import verify_round_trip
 from train.checkpoints.manager import CheckpointManager
 from train.data import (
     TokenSource,
@@ -40,9 +43,10 @@ from train.observe import sync_count
 from train.observe.metrics import IntervalLoss, MetricsLogger, log
 from train.observe.moe_stats import moe_fields
 from train.observe.telemetry import Telemetry
+from train.replicas import open_replicas
 from train.search.trial_report import TrialReporter
 from train.stability.runner import NOTHING, Stability
-from train.step import TrainResult, TrainState, train_step
+from train.step import StepSettings, TrainResult, TrainState, train_step
 from train.strategies import build_strategy
 from train.strategies.base import Strategy
 from train.weights.final_export import export_at_end
@@ -110,25 +114,36 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         hosts = hosts or distributed.gather_hosts(env)  # a collective: every rank
         if env.is_main:
             log.info("layout: %s", layout_line(strategy.layout, hosts))
+    if env.is_main:
+        log.info("%s", step_line(cfg))  # what torch.compile compiles, CUDA graphs, when the collector runs
     ds_config = getattr(strategy, "ds_config", None)
     if env.is_main and ds_config is not None:
         # The generated DeepSpeed config is part of what explains this run (and is saved beside each checkpoint).
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     # Per-rank stream for anything random after init (dropout); a resume restores the saved streams instead.
     seed_everything(t.seed + 1000 * env.rank)
+    # parallel.replica_groups (train/replicas): this rank's group, its share of the data, the cross-group average.
+    replicas = open_replicas(cfg, env, device, run_dir, strategy)
     ckpt = CheckpointManager(cfg, env, run_dir, strategy)
     ckpt.data_fingerprint = data_fingerprint(cfg.data, on_ranks=True)
-    state = restore(ckpt, cfg, env)
+    # A restarted replica group heals from a live one at its first quorum: it reads no checkpoint.
+    state = TrainState() if replicas is not None and replicas.heals else restore(ckpt, cfg, env)
+    if replicas is not None:
+        replicas.resumed(state.step)
     refuse_lost_init(cfg, init_applied, state)
+    # checkpoint.verify_early: a fresh run's first step is checkpointed, read back and compared, before it trains on.
+    check_early = verify_early_enabled(cfg) and state.step == 0 and strategy.checkpoint_format == "dcp"
     state.wandb_id = state.wandb_id or new_wandb_id(cfg, env)
     if cfg.checkpoint.async_save and 0 < t.ckpt_every < t.max_steps - state.step:
         ckpt.prepare_async()  # the staging buffers, allocated once before training rather than in the first save
 
     source = build_source(cfg.data, cfg.model.vocab_size, state.data_index)
     global_batch = t.micro_batch_size * t.grad_accum_steps * strategy.dp_size
+    step_settings = StepSettings.of(cfg)  # what train_step reads, read from the config once
     responses = bool(getattr(source, "micro_batch", None))  # supervised fine-tuning: only response tokens count
     # Peers read the same targets (tensor-parallel, stages); context-parallel ranks count their own chunks.
-    tokens = TokenCount(responses, global_batch * seq_len, env.world_size // (strategy.dp_size * strategy.cp), device)
+    tokens = TokenCount(responses, global_batch * seq_len,
+                        env.world_size * strategy.replica_groups // (strategy.dp_size * strategy.cp), device)
     if env.is_main:
         log.info(
             "effective batch %d sequences (micro %d x accumulation %d x data-parallel %d) = %d tokens/step%s; "
@@ -138,7 +153,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             strategy.name, cfg.precision.name, device,
         )
     watcher = PreemptionWatcher(env, device, flag)
-    telemetry = Telemetry(cfg, env, device, run_dir, hosts, model_flops, env.world_size // strategy.dp_size)
+    telemetry = Telemetry(cfg, env, device, run_dir, hosts, model_flops,
+                          env.world_size * strategy.replica_groups // strategy.dp_size)
     metrics = MetricsLogger(cfg, env, run_dir, t.max_steps)
     metrics.start(state.step, state.tokens, state.wandb_id, _plain(cfg))
     losses: dict[int, float] = {}
@@ -165,17 +181,26 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
             state.samples = stability.step_start(state.step + 1, state.samples)  # past skipped sample ranges
             lr = strategy.current_lr()
             telemetry.begin_step()
+            if replicas is not None:
+                replicas.start_step(state)  # the step's quorum; a healing group takes a live group's state here
             loss = train_step(model, strategy, source, state, cfg, env, device, telemetry.timer, watchdog.mark,
-                              prefetcher, stability.z, tokens)
+                              prefetcher, stability.z, tokens, step_settings)
             watchdog.mark()
             interval.add(loss)
             ckpt.ready_for_update()  # an asynchronous save's copy of the state, overlapping this step, is done
             grad_norm = strategy.optimizer_step(stability.check(loss, state.step + 1))
             telemetry.end_step()
+            if replicas is not None:
+                if not replicas.committed:  # a group was lost mid-all-reduce: this group trains the step again
+                    continue
+                replicas.step_done(state)
             state.step += 1
             state.samples += global_batch
             tokens.step_done()  # state.tokens is settled where it is read: a log step, a save
             gc_control.step(state.step)
+            if check_early:  # its time is left out of the row's throughput, as validation's is
+                check_early = False
+                metrics.exclude(verify_round_trip(strategy.model, strategy.optimizer, run_dir, env.is_main, ckpt.group))
             logged: float | None = None
             # Before the stop agreement: a signal that comes during validation stops at this step, as always.
             val = validate(validator, model, watchdog, metrics) if validator.due(state.step) else {}
@@ -194,6 +219,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 outcome = trial.pruned_outcome(state.step)
                 break
             stop = state.step < t.max_steps and watcher.stop_requested(state.step, stability.wanted())
+            if replicas is not None and state.step < t.max_steps:
+                stop = replicas.agree_stop(watcher)  # every group asked: together; some: alone after a short wait
             # Trouble (train/stability): agreed with the stop, or at the end from every verdict; before any save.
             action = watcher.trouble if state.step < t.max_steps else stability.wanted(drain=True)
             action = max(action, stability.replicas_agree(state.step))  # collective where due; corruption wins
@@ -231,6 +258,7 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
                 with watchdog.section("checkpoint"):
                     ckpt.save(state, blocking=True)
                 outcome = after_stop(env, cfg, state.step, watcher.agreed, run_dir)
+                outcome = outcome if replicas is None else replicas.stopped(outcome)  # a lone group: restarted locally
                 break
             if t.ckpt_every and state.step % t.ckpt_every == 0:
                 carry(state, interval, tokens)
@@ -250,6 +278,8 @@ def train(cfg: Any, env: DistEnv, device: torch.device, run_dir: Path, flag: Sto
         ckpt.close()
         watchdog.save_state()
     finally:
+        if replicas is not None:
+            replicas.close()
         gc_control.close()
         if prefetcher is not None:  # first: what it prepared past a stop is dropped; resume reads state.samples
             prefetcher.close()
@@ -298,6 +328,8 @@ def start_prefetch(source: TokenSource, state: TrainState, cfg: Any, strategy: S
     steps_ahead = int(t.get("prefetch_steps", TrainerConfig.prefetch_steps))
     if steps_ahead == 0 or state.step >= t.max_steps or strategy.pipeline is not None:
         return None  # a pipeline stage loads a whole step at once (pipeline_step)
+    if strategy.replicas is not None:
+        return None  # a heal moves the data position at a quorum: each step loads its own
     steps = t.max_steps - state.step
     plan: Iterator[range]
     if stability is not None and stability.skips.ranges:

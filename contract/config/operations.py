@@ -39,6 +39,10 @@ class CheckpointConfig:
     # Before resuming: check every file's size against the checkpoint's manifest ("size"), or also its CRC-32
     # ("full"). A checkpoint that fails is moved to checkpoints/quarantine/ and the previous one is used.
     verify: str = "size"
+    # The first attempt writes one checkpoint after step 1, reads it back into a scratch copy of the state and
+    # compares it bit for bit, then deletes it: a broken filesystem, a permission or quota problem or a state that
+    # does not round-trip stops the run at once, named (contract/rules/verify_early.py). None: on for SLURM runs.
+    verify_early: bool | None = None
     # At the end of training, rank 0 writes the final checkpoint as a verified Hugging Face directory (what
     # `python -m launcher.export RUN --format hf` writes) to RUN/export/hf_step_N; launcher.status names it.
     export_hf: bool = False

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from contract.config.container import ContainerConfig
 from contract.config.keys import SEED_MAX, num, path_key
 from contract.config.operations import (
     CheckpointConfig,
@@ -43,6 +44,7 @@ __all__ = [
     "ParallelConfig", "PrecisionConfig", "TrainerConfig", "RunConfig", "CheckpointConfig", "LocalConfig",
     "LoggerConfig", "LauncherConfig", "TelemetryConfig", "WatchdogConfig", "ProfileConfig", "ClusterConfig",
     "EvalConfig", "StabilityConfig", "RemoteConfig", "SearchConfig",
+    "ContainerConfig",
 ]
 
 
@@ -65,6 +67,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     stability: StabilityConfig = field(default_factory=StabilityConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    # container=NAME: the image the ranks run in (contract/config/container.py); none by default.
+    container: ContainerConfig = field(default_factory=ContainerConfig)
     cluster: ClusterConfig | None = None
     profile: ProfileConfig | None = None
     # +remote=NAME never reaches a composed config: the command runs on that login node (launcher/run/remote/).

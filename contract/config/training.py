@@ -184,6 +184,18 @@ class OptimConfig:
     # z-loss (PaLM, OLMo): this times the mean squared log-partition logsumexp(logits)^2 is added to the loss, keeping
     # the logits from drifting; logged as z_loss. 0: off. 1e-4 is the usual value.
     z_loss: float = num(0.0, 0)
+    # Across replica groups (parallel.replica_groups > 1; docs/faults.md): none (the gradients averaged every step)
+    # or diloco: each group steps this optimizer alone, and every optim.sync_every steps the groups average their
+    # pseudo-gradients (the last global weights less their own) and apply them with Nesterov SGD.
+    outer: str = "none"
+    # diloco: the steps between two syncs (H); trainer.max_steps must be a multiple of it.
+    sync_every: int = num(100, 1)
+    # diloco: the outer SGD's learning rate (the DiLoCo paper's and torchft's 0.7).
+    outer_lr: float = num(0.7, 0, lo_open=True)
+    # diloco: the outer SGD's momentum (0.9).
+    outer_momentum: float = num(0.9, 0, 1, hi_open=True)
+    # diloco: the outer SGD's Nesterov momentum (on, as in the paper).
+    outer_nesterov: bool = True
 
 
 @dataclass
@@ -207,7 +219,8 @@ class StrategyConfig:
     offload_optimizer: bool = False
     # DeepSpeed ZeRO-3: keep the parameters in CPU memory.
     offload_params: bool = False
-    # Across strategies: recompute each transformer block's activations in backward; torch.compile each block.
+    # Across strategies: recompute each transformer block's activations in backward instead of keeping them (less
+    # memory, about a third more compute).
     activation_checkpointing: bool = False
     # torch.compile each transformer block (or the whole model: strategy.compile_unit).
     compile: bool = False
@@ -217,6 +230,12 @@ class StrategyConfig:
     # CUDA graphs (torch.compile's reduce-overhead mode) over the compiled code: one launch replays a region's
     # kernels. Needs strategy.compile, GPUs and a static step (single or ddp, no document mask); refused elsewhere.
     cuda_graphs: bool = False
+    # What gradients travel as when the data-parallel ranks average them: auto | none | bf16 | fp16 | powersgd
+    # (contract/rules/grad_compression.py: auto is the compute dtype for bf16/fp16/fp8 runs across nodes, else none;
+    # ddp takes all, fsdp/fsdp_grad_op/hsdp bf16 and fp16 as FSDP2's reduce dtype, DeepSpeed none).
+    grad_compression: str = "auto"
+    # strategy.grad_compression=powersgd: the rank of each gradient matrix's low-rank approximation.
+    powersgd_rank: int = num(4, 1)
 
 
 @dataclass
@@ -241,6 +260,23 @@ class ParallelConfig:
     # ones), tokens sent to their experts' rank and back by all-to-all; each expert is replicated over the
     # data-parallel ranks / ep groups. Must divide the data-parallel size and model.moe.num_experts.
     ep: int = num(1, 1)
+    # Fault-tolerant replica groups (torchft, `pip install -e .[ft]`; docs/faults.md): the data-parallel ranks split
+    # into this many groups, each its own process group, gradients averaged across groups through torchft's Manager;
+    # a group that fails is torn down and restarted alone, and heals from a live group. 1: off.
+    replica_groups: int = num(1, 1)
+    # host:port of a torchft lighthouse already running; None: the launcher starts one (locally on 127.0.0.1; under
+    # SLURM as a job of its own); login: under SLURM, on the login node, kept until the array ends. Its address is
+    # in RUN_DIR/lighthouse.json.
+    lighthouse: str | None = None
+    # The lighthouse's: a group that sends no heartbeat for this long is dropped from the quorum.
+    replica_heartbeat_timeout_ms: int = num(5000, 100)
+    # The lighthouse's: how long a quorum waits for live groups that have not joined it yet.
+    replica_join_timeout_ms: int = num(10000, 100)
+    # How long a step waits for a quorum before the group gives up.
+    replica_quorum_timeout_s: int = num(60, 1)
+    # How long a cross-group all-reduce or a heal may take before the step is discarded; the commit vote waits twice
+    # this (a group's ranks reach it up to this far apart: one whose all-reduce failed at once, one that waited).
+    replica_timeout_s: int = num(30, 1)
 
 
 @dataclass
@@ -253,6 +289,10 @@ class PrecisionConfig:
     # (one scale a tensor; FSDP2 all-gathers the weights in float8) or rowwise (a scale per row: more accurate,
     # communication in bf16).
     float8_recipe: str = "tensorwise"
+    # precision=fp8: which of the blocks' linear layers run in float8. auto: torchao's size rule for the recipe leaves
+    # those too small to gain in bf16 (contract/rules/float8.py small_layer); all: every one whose dimensions divide
+    # by 16 (tests, measurements).
+    float8_filter: str = "auto"
 
 
 @dataclass
@@ -294,3 +334,9 @@ class TrainerConfig:
     # automatic collection is off and a young-generation collection runs every this many steps, so that no rank stalls
     # at a random step for a full collection. 0: Python's automatic collection.
     gc_every: int = num(50, 0)
+    # How the loss is computed (contract/rules/loss_chunks.py). chunked: the logits made by the output layer, their
+    # cross-entropy in chunks of rows when the fp32 copy would be large (compiled per chunk with strategy.compile).
+    # fused: the output layer's matmul and the cross-entropy together, a chunk of tokens at a time, so that the
+    # logits of the whole micro batch never exist (cut-cross-entropy on CUDA where installed and without z-loss,
+    # else slurmtrain's torch version); slurmtrain's transformer only, without tensor or pipeline parallelism.
+    loss_impl: str = "chunked"

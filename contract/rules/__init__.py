@@ -16,7 +16,11 @@
     hf_export.py          which runs export as a Hugging Face model (launcher.export --format hf, checkpoint.export_hf)
     strategy_names.py     the strategies a config can name and the compute-side class of each
     document_mask.py      data.document_mask: what it needs at launch, the plan's attention line
+    per_block.py          which strategy settings work per model block (FSDP's units, checkpointing, compile)
     compile_modes.py      strategy.compile's unit (blocks or the whole model) and CUDA graphs: where each applies
     loss_chunks.py        when the loss runs in chunks of rows (large vocabularies), and what it holds
     float8.py             precision=fp8: the models, strategies and GPUs it takes, its FLOPs and peak for MFU
+    grad_compression.py   strategy.grad_compression: what `auto` becomes, what each strategy refuses, the plan's line
+    step_options.py       the step's compile, CUDA graphs and gc settings in one line (the plan, rank 0's log)
+    verify_early.py       checkpoint.verify_early: when the early checkpoint check runs, the plan's line
 """

@@ -70,5 +70,17 @@ def attention_line(cfg: Any, on_gpus: bool) -> str:
     """The plan's line: which attention the ranks run (empty without data.document_mask)."""
     if not enabled(cfg):
         return ""
-    path = "flex attention" if on_gpus else f"dense mask on CPU, {int(cfg.data.seq_len)}^2 booleans per sample"
+    path = "flex attention" if on_gpus else f"dense mask on CPU, {_mask_size(cfg)}"
     return f"attention: block-causal by document, positions restart at each document ({path})"
+
+
+def _mask_size(cfg: Any) -> str:
+    """The dense mask's size in words: one byte (a boolean) per query and key of a sample; under context parallelism
+    a rank's seq_len / cp queries attend to the group's seq_len keys."""
+    seq, cp = int(cfg.data.seq_len), int(cfg.parallel.get("cp", 1)) if cfg.get("parallel") is not None else 1
+    size = seq // cp * seq
+    shape = f"{seq // cp} x {seq}" if cp > 1 else f"{seq} x {seq}"
+    where = " per rank (its seq_len / cp queries, every key)" if cp > 1 else ""
+    amount = f"{size / 1024**2:.3g} MB" if size >= 1024**2 else f"{size / 1024:.3g} KB"
+    return f"{shape} booleans = {amount} per sample{where}"
+

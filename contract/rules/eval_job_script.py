@@ -7,13 +7,12 @@ rank 0 when it submits the job (train/evaluation/submit.py). Torch-free.
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from contract.rules.eval_jobs import tasks_per_node
-from contract.rules.sbatch import executor_parameters
+from contract.rules.sbatch import executor_parameters, job_python
 from contract.rules.sbatch import tasks_per_node as cluster_tasks_per_node
 from contract.rundir import eval_results
 
@@ -43,7 +42,9 @@ def render_script(cfg: DictConfig, run_dir: Path, step: int, config: Path | None
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = eval_results.eval_dir(run_dir) / "slurm"
-    command = " ".join([shlex.quote(sys.executable), "-u -m launcher.worker --evaluate",
+    job = job_config(cfg, step)
+    command = " ".join([job_python(job), "-u -m launcher.worker --evaluate",
                         shlex.quote(str(Path(run_dir).resolve())), str(step)]
                        + ([shlex.quote(str(Path(config).resolve()))] if config is not None else []))
-    return _make_sbatch_string(command=command, folder=folder, **executor_parameters(job_config(cfg, step)))
+    ranks = ("the evaluation ranks", "before the pass the job requeues, during it the pass finishes")
+    return _make_sbatch_string(command=command, folder=folder, **executor_parameters(job, ranks))

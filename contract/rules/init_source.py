@@ -18,6 +18,8 @@ from contract.errors import ConfigError
 from contract.rundir import ckpt_layout as layout
 
 KEY = "model.init_from"
+# Who names the weights when a resume's checkpoint is compared with the model the run's code now builds.
+RESUME_KEY = "the checkpoint this run resumes,"
 SAFETENSORS = ".safetensors"
 TORCH_FILES = (".bin", ".pt", ".pth")
 # Where a checkpoint keeps the model (train/checkpoints/manager.py): DCP's metadata file, or DeepSpeed's files.

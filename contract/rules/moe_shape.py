@@ -41,6 +41,12 @@ def mlp_params(m: Any, active: bool = False) -> int:
     return dense + (moe_layers * moe_mlp_params(m, active) if moe_layers else 0)
 
 
+def expert_params(m: Any) -> int:
+    """The routed experts of every MoE layer together: what expert parallelism splits over its ranks (parallel.ep)."""
+    moe = moe_of(m)
+    return len(moe_layer_numbers(m)) * int(moe.num_experts) * dense_mlp_params(m) if moe is not None else 0
+
+
 def largest_mlp_params(m: Any) -> int:
     """The largest layer's feed-forward (an FSDP unit's share)."""
     return moe_mlp_params(m, active=False) if moe_layer_numbers(m) else dense_mlp_params(m)

@@ -1,4 +1,5 @@
-"""What SLURM says about a job: its queue state (squeue) and every attempt it made (sacct -D).
+"""What SLURM says about a job: its queue state (squeue), every attempt it made and how long each waited in the queue
+(sacct -D).
 
 Plain data out, no formatting: `launcher.status` turns it into rows. A missing or failing client (no SLURM here,
 slurmdbd down) answers None, never raises, so the caller can show `unknown` instead of a traceback.
@@ -111,3 +112,34 @@ def attempts(job_ids: list[str]) -> dict[str, list[Attempt]] | None:
         for job_id in unsplit:
             found[job_id] = [a for a in arrays if _in_unsplit_array(a.job_id, job_id)]
     return found
+
+
+QUEUE_FIELDS = "JobID,Submit,Start"
+
+
+def parse_queue_times(text: str) -> dict[str, list[float]]:
+    """Rows of `sacct -n -P -o JobID,Submit,Start`: each job's attempts' waits in the queue (Start - Submit, in
+    seconds; a requeued attempt's Submit is its requeue), oldest first; an attempt not started yet is left out."""
+    from datetime import datetime
+
+    waits: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) != 3 or not fields[0]:
+            continue
+        try:
+            submit, start = datetime.fromisoformat(fields[1]), datetime.fromisoformat(fields[2])
+        except ValueError:  # Unknown, None: not started
+            continue
+        waits.setdefault(fields[0], []).append(max(0.0, (start - submit).total_seconds()))
+    return waits
+
+
+def queue_waits(job_ids: list[str]) -> dict[str, list[float]] | None:
+    """Each job's attempts' waits in the queue (parse_queue_times), one sacct call; None when sacct can't answer."""
+    if not job_ids:
+        return {}
+    out = _run(["sacct", "-j", ",".join(job_ids), "-D", "-X", "-n", "-P", "-o", QUEUE_FIELDS])
+    if out is None or out.returncode != 0:
+        return None
+    return parse_queue_times(out.stdout)

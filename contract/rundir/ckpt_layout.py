@@ -9,7 +9,8 @@
         COMPLETE            written last, by rank 0, once every rank's files are on disk (JSON: step, world
                             size, data fingerprint, `verified`: the replicas agreed at this step, `loss`: the
                             step's loss averaged over the ranks, "nan" or "inf" when not finite, `best`: the
-                            run's lowest loss up to it)
+                            run's lowest loss up to it, `snapshot`: the id of the +remote snapshot whose code
+                            trained it, when the run was launched from one: contract/remote_snapshot.py)
 
 A checkpoint without COMPLETE was interrupted (preemption, SIGKILL, node failure) and is never loaded.
 """
@@ -23,6 +24,8 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from contract.remote_snapshot import current_snapshot_id
 
 MARKER = "COMPLETE"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -86,6 +89,8 @@ def write_marker(path: Path, **info: object) -> None:
     # Write-then-rename so the marker itself can never be seen half-written; fsync the file and the directory
     # so that after a node crash a marker on disk means the files it vouches for are on disk too.
     tmp = path / f".{MARKER}.tmp"
+    snapshot = current_snapshot_id()  # the code that trained it: a resume with other code says so (its plan)
+    info = {**info, **({"snapshot": snapshot} if snapshot else {})}
     write_durably(tmp, (json.dumps({"time": time.time(), **info}) + "\n").encode())
     tmp.rename(path / MARKER)
     fsync_dir(path)

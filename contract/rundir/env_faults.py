@@ -1,6 +1,7 @@
 """Test-only fault injection for failures from the environment (contract/rundir/environment.py tells them).
 
-    SLURMTRAIN_TEST_DISK_FULL=WHAT:STEP     WHAT = checkpoint | metrics | events: that writer's write for step STEP
+    SLURMTRAIN_TEST_DISK_FULL=WHAT:STEP     WHAT = checkpoint | metrics | events | verify_early (the early checkpoint
+                                            check, step 1): that writer's write for step STEP
                                             fails as a full disk does (OSError ENOSPC naming the file)
     SLURMTRAIN_TEST_RUN_DIR=HOW:STEP        after step STEP rank 0 removes the run directory (moves it to
                                             RUN_DIR.moved-away, for the test to restore) or makes it read-only

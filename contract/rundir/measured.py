@@ -33,6 +33,15 @@ def values(run_dir: Path, metric: str) -> dict[int, float]:
     return dict(sorted(by_step.items()))
 
 
+def names(run_dir: Path) -> set[str]:
+    """Every metric the run measured: the keys of its rows that hold a number (not the step or the clock)."""
+    out: set[str] = set()
+    for read in SOURCES.values():
+        for row in read(run_dir):
+            out.update(k for k, v in row.items() if k not in ("step", "time") and _number(v) is not None)
+    return out
+
+
 def first_validation_loss(run_dir: Path) -> str | None:
     """`val/NAME/loss` of the run's first validation set (the order its rows hold them in: eval.sets'), if it has
     measured one."""

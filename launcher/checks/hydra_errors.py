@@ -7,11 +7,14 @@ Hydra exits first, the held text is turned into one `error:` line instead (`one_
 
 from __future__ import annotations
 
+import difflib
 import io
 import math
 import re
 import sys
-from typing import TextIO
+from typing import Any, TextIO
+
+from contract.config.suggest import close_key
 
 _held: io.StringIO | None = None
 _real: TextIO | None = None
@@ -55,14 +58,62 @@ def _suggest(key: str) -> str:
 
     cls: type = schema.Config
     *parents, leaf = key.split(".")
+    fixed: list[str] = []
     for part in parents:
         hint = key_checks._hints(cls).get(part)
+        if hint is None:  # a misspelt section (loca.nproc): the section it most likely means
+            part = close_key(part, list(key_checks._sections(cls))) or ""
+            hint = key_checks._hints(cls).get(part)
         sub = key_checks._section_type(hint) if hint is not None else None
         if sub is None:
             return ""
         cls = sub
-    close = key_checks.suggest(key, list(key_checks._hints(cls)))
+        fixed.append(part)
+    meant = ".".join([*fixed, leaf])
+    close = meant if meant != key and leaf in key_checks._hints(cls) else key_checks.suggest(meant, list(
+        key_checks._hints(cls)))
     return f"did you mean {close}? " if close else ""
+
+
+def _field(key: str) -> tuple[type | None, Any]:
+    """(the section's dataclass when `key` names a section, the key's default otherwise) from the schema."""
+    import dataclasses
+
+    from contract.config import schema
+    from launcher.checks import key_checks
+
+    cls: Any = schema.Config
+    *parents, leaf = key.split(".")
+    for part in parents:
+        cls = key_checks._sections(cls).get(part)
+        if cls is None:
+            return None, None
+    field = next((f for f in dataclasses.fields(cls) if f.name == leaf), None)
+    if field is None:
+        return None, None
+    return key_checks._sections(cls).get(leaf), field.default
+
+
+def _wrong_type(override: str, key: str, problem: str) -> str | None:
+    """A value of the wrong type for a key, or a value given to a whole section, as one line naming the fix."""
+    value = override.split("=", 1)[1] if "=" in override else ""
+    section, default = _field(key)
+    if section is not None and "is not a subclass of" in problem:
+        import dataclasses
+
+        keys = [f.name for f in dataclasses.fields(section) if f.name != "name"]
+        example = f"{key}.{keys[0]}={value}" if keys else f"{key}.KEY=VALUE"
+        return (f"error: {override}: {key} is a section of keys, not a value: set one of its keys, e.g. {example} "
+                f"(`python -m launcher --cfg job --package {key}` lists them)")
+    number = re.match(r"Value '(.*)' of type '\w+' could not be converted to (Integer|Float)", problem)
+    if number:
+        kind = "a whole number" if number.group(2) == "Integer" else "a number"
+        shown = f" (its default is {default})" if isinstance(default, (int, float)) and not isinstance(default, bool) \
+            else ""
+        return f"error: {override}: {key} takes {kind} and {number.group(1)!r} is not one: write {key}=N{shown}"
+    if re.match(r"Value '.*' is not a valid bool", problem):
+        return f"error: {override}: {key} is true or false: write {key}=true or {key}=false"
+    return None
 
 
 _YAML_ERROR = re.compile(r"(?:yaml\.\w+\.)?(?:Scanner|Parser|Composer|Constructor|Reader)Error: ?(.*)")
@@ -108,6 +159,8 @@ def one_line(text: str) -> str:
             return f"error: YAML error in {syntax}: keep one of the two (a key can be set once per file)"
         return f"error: YAML syntax error in {syntax}: {YAML_FIX}"
     lines = [line.strip() for line in text.splitlines()]
+    # The key OmegaConf names (trainer.max_stesp inside trainer={max_stesp:5}): the override may set a whole section.
+    inner = next((line.removeprefix("full_key:").strip() for line in lines if line.startswith("full_key:")), "")
     lines = [line for line in lines if line and not line.startswith(_NOISE)]
     if not lines:
         return "error: the command line could not be read: see `python -m launcher --help`"
@@ -115,12 +168,18 @@ def one_line(text: str) -> str:
     in_file = group_file_problem(joined)
     if in_file:
         return in_file
+    from launcher.checks.group_choices import group_prefix_problem, plus_on_a_missing_option
+    from launcher.checks.group_names import default_choices
+
+    prefix = group_prefix_problem(joined)
+    if prefix:
+        return prefix
     unknown = re.search(r"Could not override '([^']+)'", joined)
     append = re.search(r"To append to your config use (\S+)", joined)
     if unknown and append and unknown.group(1).rsplit(".", 1)[0] in FREE_FORM:
         return f"error: {unknown.group(1)} is a new key of {unknown.group(1).rsplit('.', 1)[0]}: add it with {append.group(1)}"
     if unknown and "not in" in joined:
-        key = unknown.group(1)
+        key = inner if inner.startswith(f"{unknown.group(1)}.") else unknown.group(1)
         return (f"error: {key} is not a slurmtrain key: {_suggest(key)}check the spelling "
                 "(`python -m launcher --cfg job` lists every key)")
     present = re.search(r"Could not append to config\. An item is already at '([^']+)'.*remove \+ prefix: '([^']+)'",
@@ -131,7 +190,11 @@ def one_line(text: str) -> str:
     if missing:
         options = [line for line in lines if not line.startswith(("In '", "Available options"))]
         group = missing.group(1).rsplit("/", 1)[0]
-        return f"error: Could not find '{missing.group(1)}': choose {group}= one of {', '.join(options)}"
+        plus = plus_on_a_missing_option(group)
+        if plus:
+            return plus
+        added = "" if group in default_choices() or "/" in group else "+"  # cluster, profile: added with a +
+        return f"error: Could not find '{missing.group(1)}': choose {added}{group}= one of {', '.join(options)}"
     if lines[0].startswith("Additional config directory"):
         return f"error: {lines[0]}: point --config-dir at your project's conf directory"
     merging = re.match(r"Error merging override (.+)", lines[0])
@@ -144,6 +207,7 @@ def one_line(text: str) -> str:
         return f"error: {lines[0]}: drop that ~ override"
     if merging and len(lines) > 1:
         key = merging.group(1).split("=", 1)[0].lstrip("+~")
+        key = inner if inner.startswith(f"{key}.") else key  # a key inside a dict: trainer={max_steps:abc}
         if "is not a ListConfig" in lines[1] and "=" in merging.group(1):
             value = merging.group(1).split("=", 1)[1]
             return f"error: {merging.group(1)} is one value and {key} takes a list: write {key}=[{value}]"
@@ -151,12 +215,14 @@ def one_line(text: str) -> str:
         if as_float:  # 1e2 and 2.0 read as floats; the integer they mean is the fix
             value = float(as_float.group(1))
             typed = merging.group(1).split("=", 1)[1] if "=" in merging.group(1) else as_float.group(1)
+            typed = as_float.group(1) if typed.startswith("{") else typed
             if value.is_integer():
                 return (f"error: {merging.group(1)}: {key} takes an integer, and {typed} reads as the float "
                         f"{as_float.group(1)}: write {key}={int(value)}")
             return f"error: {merging.group(1)}: {key} takes an integer: give a whole number ({math.floor(value)} or " \
                    f"{math.ceil(value)})"
-        return f"error: {merging.group(1)}: {lines[1]}: give {key} a value of its type"
+        return (_wrong_type(merging.group(1), key, lines[1])
+                or f"error: {merging.group(1)}: {lines[1]}: give {key} a value of its type")
     if "LexerNoViableAltException" in joined and "~" in joined:
         return ("error: Hydra's override grammar reads ~ as a deletion: quote a path that starts with ~ "
                 "('data.path=\"~/file\"') or write $HOME/... instead")
@@ -175,6 +241,23 @@ def one_line(text: str) -> str:
     if any(line.startswith("Traceback (most recent call last)") for line in lines):
         return f"error: {_last_exception(lines)}: check the files that --config-dir and the overrides name"
     return "error: " + "; ".join(lines)
+
+
+def argparse_problem(text: str) -> str | None:
+    """Hydra's flags misused (`--cfg jbo`): argparse printed its usage and an error; one line naming the choices, or
+    None when the text holds no argparse error."""
+    said = next((m.group(1) for line in text.splitlines() if (m := re.match(r"^\S+: error: (.+)$", line.strip()))),
+                None)
+    if said is None:
+        return None
+    choice = re.match(r"argument ([-\w]+)(?:/[-\w]+)?: invalid choice: '([^']*)' \(choose from (.+)\)$", said)
+    if choice:
+        flag, given = choice.group(1), choice.group(2)
+        choices = re.findall(r"'([^']*)'", choice.group(3))
+        close = next(iter(difflib.get_close_matches(given, choices, n=1, cutoff=0.5)), None)
+        fix = f"did you mean {flag} {close}?" if close else f"write {flag} with one of them"
+        return f"error: {flag} {given} is not one of {', '.join(choices)}: {fix}"
+    return f"error: {said}: see `python -m launcher --help` for the flags"
 
 
 def group_file_problem(joined: str) -> str | None:

@@ -20,6 +20,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from contract.config import schema
 from contract.config.suggest import close_key
 from contract.errors import ConfigError, shown
+from contract.rules.grad_compression import CHOICES as GRAD_COMPRESSION
 from contract.rules.log_backends import check_logger
 from contract.rules.schedules import DECAY_SHAPES, SCHEDULES
 from launcher.checks.overrides import as_typed, override_key, typed, typed_for
@@ -35,7 +36,10 @@ CHOICES = {
     "logger.mode": ("offline", "online", "disabled"),
     "precision.compute_dtype": ("float32", "bfloat16", "float16"),
     "precision.float8_recipe": ("tensorwise", "rowwise"),
+    "precision.float8_filter": ("auto", "all"),
+    "trainer.loss_impl": ("chunked", "fused"),
     "strategy.compile_unit": ("blocks", "model"),
+    "strategy.grad_compression": GRAD_COMPRESSION,
     "checkpoint.verify": ("size", "full"),
     "local.backend": (None, "gloo", "nccl"),
     "parallel.pp_schedule": ("1f1b", "interleaved_1f1b"),

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from contract.errors import ConfigError
 from contract.rundir import ckpt_layout as layout
 from launcher.checks.hydra_errors import yaml_syntax
+from launcher.plan.cross_checks import fitting_micro_batch
 from launcher.plan.paths import make_absolute
 from launcher.plan.run_length import length_key, length_text
 from launcher.plan.run_name import training_settings
@@ -92,15 +93,32 @@ def _show(value: Any) -> str:
     return "(unset)" if value is None else json.dumps(value) if isinstance(value, (dict, list)) else str(value)
 
 
-def _differs(run_dir: Path, changes: list[tuple[str, Any, Any]]) -> ConfigError:
+def _keep_global_batch(cfg: DictConfig, world: int, kept: int) -> str:
+    """How to resume on `world` ranks with the saved global batch: the largest micro batch, at most the configured
+    one, that divides it over the data-parallel ranks (the accumulation is re-derived), or the world sizes that can."""
+    p = cfg.parallel
+    dp = max(1, world // (int(p.tp) * int(p.pp) * int(p.get("cp", 1))))
+    fitting = fitting_micro_batch(kept, dp, int(cfg.trainer.micro_batch_size))
+    if fitting is None:
+        sizes = [str(n) for n in range(1, kept + 1) if kept % n == 0][:8]
+        listed = ", ".join(sizes[:-1]) + f" or {sizes[-1]}" if len(sizes) > 1 else sizes[0]
+        return (f"to resume on another world size keep the samples a step, and trainer.global_batch_size={kept} does "
+                f"not divide over {dp} data-parallel ranks: resume on {listed} data-parallel ranks")
+    accum = kept // (fitting * dp)
+    return (f"to resume on {world} rank(s) keep the samples a step: trainer.global_batch_size={kept} "
+            f"trainer.micro_batch_size={fitting} ({kept} = {fitting} x {dp} data-parallel rank(s) x {accum} "
+            "accumulation step(s))")
+
+
+def _differs(run_dir: Path, changes: list[tuple[str, Any, Any]], cfg: DictConfig, world: int) -> ConfigError:
     shown = "; ".join(f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in changes[:SHOWN_CHANGES])
     more = f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
     keys = {k for k, _, _ in changes}
     hints = []
     if "trainer.global_batch_size" in keys:
         old = next(a for k, a, _ in changes if k == "trainer.global_batch_size")
-        hints.append(f"to resume on another world size keep trainer.global_batch_size={old} (the accumulation is "
-                     "re-derived; trainer.micro_batch_size may change so that it divides it)")
+        hints.append(_keep_global_batch(cfg, world, int(old)) if isinstance(old, int) else
+                     f"to resume on another world size keep trainer.global_batch_size={old}")
     hints.append("to resume it go back to the saved values (trainer.max_steps or its token or epoch budget, "
                  "trainer.log_every, trainer.ckpt_every, the layout and the cluster may change on resume)")
     if any(_data_choice(k) for k in keys):
@@ -141,7 +159,7 @@ def check_run_dir(cfg: DictConfig, run_dir: Path, world: int) -> None:
     if cfg.data.get("allow_changed"):
         changes = [c for c in changes if not _data_choice(c[0])]
     if changes:
-        raise _differs(run_dir, changes)
+        raise _differs(run_dir, changes, cfg, world)
     latest = layout.latest_complete_checkpoint(run_dir)
     if latest is None:
         return

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contract.rundir.metrics_file import number_text, read_metrics, training_rows
 from contract.rundir.validation_log import loss_curves
 from launcher.checks.overrides import override_key
+from launcher.observe.figure_marks import mark_attempts
 from launcher.observe.ranking import SweepRanking, rank_runs
 from launcher.observe.runs import RunRef, read_config
 from launcher.sweeps.sweepdir import Point, Sweep
@@ -141,17 +142,21 @@ def mark_top_edge(ax: Axes, xs: list[Any], color: str, note: str, index: int) ->
                 textcoords="offset points", color=color, fontsize="small")
 
 
-def smoothed(values: list[float], weight: float) -> list[float]:
-    """TensorBoard's smoothing: an exponential moving average (each value `weight` of the average before it and
-    1 - `weight` of itself), debiased so that it starts at the first value rather than at 0; a non-finite value is
-    passed through and left out of the average."""
-    out, average, finite = [], 0.0, 0
-    for value in values:
+def smoothed(values: list[float], weight: float, steps: list[int] | None = None) -> list[float]:
+    """TensorBoard's smoothing, by step distance: an exponential moving average in which the average before a value
+    keeps `weight` per step between them (weight ** gap: a row logged every step, TensorBoard's own; sparse rows are
+    far apart and keep less of it, so the line does not lag behind a falling loss), debiased so that it starts at
+    the first value rather than at 0. A non-finite value is passed through and left out of the average. Without
+    `steps`: one step between finite values."""
+    out, average, kept, last = [], 0.0, 1.0, None
+    for i, value in enumerate(values):
         if not math.isfinite(value):
             out.append(value)
             continue
-        average, finite = average * weight + (1 - weight) * value, finite + 1
-        out.append(average / (1 - weight**finite))
+        step = steps[i] if steps is not None else (last + 1 if last is not None else 0)
+        w = weight ** max(1, step - last) if last is not None else weight
+        average, kept, last = average * w + (1 - w) * value, kept * w, step
+        out.append(average / (1 - kept))
     return out
 
 
@@ -169,7 +174,7 @@ def draw_series(ax: Axes, series: list[Series], name: str, smoothing: float = 0.
         ax.plot(s.steps, finite, linestyle=s.style, marker=s.marker or ("." if bad else ""), color=s.color,
                 markersize=4, label=f"{s.label} ({note})" if bad else s.label, alpha=RAW_ALPHA if smooth else None)
         if smooth:
-            line = [v if math.isfinite(v) else math.nan for v in smoothed(s.values, smoothing)]
+            line = [v if math.isfinite(v) else math.nan for v in smoothed(s.values, smoothing, s.steps)]
             [drawn] = ax.plot(s.steps, line, linestyle=s.style, color=s.color, label=f"_{s.label} smoothed")
             drawn.set_gid("smoothed")
         if bad:
@@ -195,10 +200,13 @@ def spans_widely(numbers: list[float]) -> bool:
     return bool(numbers) and min(numbers) > 0 and max(numbers) / min(numbers) > WIDE_SPAN
 
 
-def line_figure(series: list[Series], ylabel: str, title: str) -> Figure:
+def line_figure(series: list[Series], ylabel: str, title: str, runs: list[RunRef] | None = None) -> Figure:
+    """`runs`: mark where their attempts stopped and resumed (figure_marks.py)."""
     fig = _figure()
     ax = fig.add_subplot()
     draw_series(ax, series, ylabel)
+    if runs:
+        mark_attempts(ax, runs)
     ax.set(xlabel="step", ylabel=ylabel, title=title)
     legend_above(fig, ax.get_legend_handles_labels()[0])
     return fig
@@ -222,6 +230,8 @@ def training_figure(runs: list[RunRef], title: str, smoothing: float = SMOOTHING
         peaks = [max(finite) for s in series if (finite := [v for v in s.values if math.isfinite(v)])]
         if key == "lr" and spans_widely(peaks):
             ax.set_yscale("log")
+    for ax in axes:
+        mark_attempts(ax, runs, label=ax is axes[-1])  # where an attempt stopped and the next resumed
     axes[0].set_title(title, pad=10)  # clear of the marks on the top edge
     axes[-1].set_xlabel("step")
     if axes[0].get_lines():

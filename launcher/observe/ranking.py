@@ -10,9 +10,11 @@ validation set's loss when the runs have one, else the training loss averaged ov
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.config.suggest import close_key
 from contract.errors import ConfigError
 from contract.rules.keep_best import keep_best_ranking
 from contract.rules.metric_order import Ranking, ranking
@@ -95,6 +97,7 @@ def rank_runs(run_dirs: list[Path], rank_by: str | None = None) -> SweepRanking:
     """The runs ranked by `rank_by` (METRIC, METRIC:max or :min; ConfigError when no run measured it), or by the
     default: the first validation set's loss when any run has one, else the training loss."""
     if rank_by:
+        _refuse_unmeasured(run_dirs, rank_by)
         chosen = ranking(rank_by, "--rank-by")
         result = SweepRanking(chosen, chosen.metric)
     else:
@@ -107,8 +110,27 @@ def rank_runs(run_dirs: list[Path], rank_by: str | None = None) -> SweepRanking:
             result.steps[run_dir], result.values[run_dir] = found
     if rank_by and not result.values:
         raise ConfigError(f"--rank-by {rank_by}: no run has measured {result.ranking.metric}: name a key of their "
-                          "metrics.jsonl rows or eval/step_N.json results, e.g. val/val/loss")
+                          "metrics.jsonl rows or eval/step_N.json results")
     order = sorted((d for d in result.values if result.ranking.order(result.values[d])[0] == 0),
                    key=lambda d: result.ranking.order(result.values[d]))
     result.ranks = {run_dir: i + 1 for i, run_dir in enumerate(order)}
     return result
+
+
+SHOWN_METRICS = 8
+
+
+def _refuse_unmeasured(run_dirs: list[Path], rank_by: str) -> None:
+    """A metric none of the runs measured (`--rank-by val/val/los`): refused before its direction is asked for,
+    suggesting only what they measured (it suggested val/val/loss to runs that never validated)."""
+    metric = rank_by.strip()
+    metric = metric.rpartition(":")[0] if metric.endswith((":max", ":min")) else metric
+    found = set().union(*(measured.names(d) for d in run_dirs)) if run_dirs else set()
+    if not found or metric in found:
+        return
+    # Validation and evaluation results first (what a sweep is ranked by), then the training loss, then the rest.
+    order = sorted(found, key=lambda k: (not k.startswith(("val/", "harness/")), k not in ("loss_avg", "loss"), k))
+    close = close_key(metric, order) or next(iter(difflib.get_close_matches(metric, order, n=1, cutoff=0.6)), None)
+    listed = ", ".join(order[:SHOWN_METRICS]) + (", ..." if len(order) > SHOWN_METRICS else "")
+    fix = f"did you mean --rank-by {close}?" if close else f"name one they measured ({listed})"
+    raise ConfigError(f"--rank-by {rank_by}: no run measured {metric}: {fix}")

@@ -29,7 +29,9 @@ from contract.rundir import (
 )
 from contract.rundir import environment as environment_errors
 from contract.rundir.metrics_file import read_metrics
-from launcher.observe.runs import DAMAGED, RunRef, Target, load_config, merge_jobs
+from contract.rundir.replicas import failure_lines as replica_failure_lines
+from launcher.observe import run_cost
+from launcher.observe.runs import DAMAGED, RunRef, Target, load_config, merge_jobs, newest_tasks
 
 
 @dataclass
@@ -82,6 +84,11 @@ class Row:
     # A sweep's ranking (launcher/observe/ranking.py): 1 for the best point, None without a finite value; the value.
     rank: int | None = None
     rank_value: float | None = None
+    # What the GPU-time from the first start to the end went to, in rank-seconds (contract/rundir/failure_cost.py:
+    # {"parts": {...}, "total", "goodput", "failures", ...}), None before a timed attempt; and, after a failure,
+    # one line per failure of a plain run and the breakdown's line.
+    failure_cost: dict[str, Any] | None = None
+    cost_notes: list[str] = field(default_factory=list)
 
 
 CLEAN_STOPS = ("stopped", "preempted", "cancelled")
@@ -110,6 +117,17 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def group_state(tasks: list[str], sacct: dict[str, list[accounting.Attempt]] | None) -> str:
+    """A replica-group run's state from its array's tasks (each a group): RUNNING while any group runs, else PENDING
+    while any waits, else COMPLETED when every group did, else the first other end."""
+    states = [slurm_state(t, None if sacct is None else sacct.get(t, [])) for t in tasks]
+    states = [s for s in states if s != "unknown"] or ["unknown"]
+    for wanted in ("RUNNING", "PENDING"):
+        if wanted in states:
+            return wanted
+    return next((s for s in states if s != "COMPLETED"), "COMPLETED")
 
 
 def slurm_state(newest_job: str, attempts: list[accounting.Attempt] | None) -> str:
@@ -195,7 +213,8 @@ def experts_line(metrics_row: dict[str, Any]) -> str | None:
             f"{float(metrics_row.get('moe_z_loss', float('nan'))):.3f}")
 
 
-def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> Row:
+def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None,
+            waits: dict[str, list[float]] | None = None) -> Row:
     config, damage = load_config(run.run_dir)
     max_steps = (config.get("trainer") or {}).get("max_steps")
     cluster = config.get("cluster") or {}
@@ -217,7 +236,8 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
     row.evaluation = eval_results.summary(run.run_dir)
     row.corruption = events.corruption_notes(attempt_ends)
     row.experts = experts_line(last_trained)
-    row.stability = events.stability_notes(attempt_ends)
+    row.stability = events.stability_notes(attempt_ends) + replica_failure_lines(  # parallel.replica_groups' losses
+        attempt_ends, int((config.get("parallel") or {}).get("replica_groups") or 1), int(last.get("step") or 0))
     row.loss_blown_since = loss_blown_since(metrics, config)
     if attempt_ends and attempt_ends[-1].get("kind") == "environment":
         row.ending = attempt_ends[-1].get("message")
@@ -226,6 +246,8 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
     row.harness = harness_scores.latest(run.run_dir)
     row.best = kept_best(run.run_dir, config)
     row.hf_export = hf_export.read_record(run.run_dir)
+    row.failure_cost = run_cost.cost(run.run_dir, config, run.jobs, waits or {})
+    row.cost_notes = run_cost.cost_notes(run.run_dir, config, row.failure_cost, run.jobs, waits or {})
     if not run.jobs:
         final = final_end(attempt_ends, events.last_local_attempt(run.run_dir))
         ended = events.ending_state(attempt_ends, final)
@@ -234,7 +256,12 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
                                                                None if final is None else str(final.get("kind")))
         settle_progress(row, attempt_ends, metrics, final)
         return row
-    queued = slurm_state(run.jobs[-1], None if sacct is None else sacct.get(run.jobs[-1], []))
+    groups = int((config.get("parallel") or {}).get("replica_groups") or 1)
+    tasks = newest_tasks(run.jobs) if groups > 1 else []
+    if tasks:
+        row.job = tasks[0].partition("_")[0]  # the array: its tasks are the groups
+    queued = group_state(tasks, sacct) if tasks else slurm_state(
+        run.jobs[-1], None if sacct is None else sacct.get(run.jobs[-1], []))
     final = events.last_end(attempt_ends) if queued in SLURM_ENDED else None
     row.state = DAMAGED if damage else events.ending_state(attempt_ends, final) or queued
     settle_progress(row, attempt_ends, metrics, final)
@@ -259,8 +286,10 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None) -> R
 
 
 def collect(target: Target) -> list[Row]:
-    sacct = accounting.attempts(merge_jobs(*(run.jobs for run in target.runs)))
-    return [run_row(run, sacct) for run in target.runs]
+    jobs = merge_jobs(*(run.jobs for run in target.runs))
+    sacct = accounting.attempts(jobs)
+    waits = accounting.queue_waits(jobs) if jobs else {}
+    return [run_row(run, sacct, waits) for run in target.runs]
 
 
 def _sum(values: list[float | None]) -> float | None:

@@ -83,8 +83,27 @@ def sweep_runs(sweep_dir: Path, sweep: Sweep) -> list[RunRef]:
 
 
 def single_run(run_dir: Path, extra_jobs: list[str] | None = None) -> RunRef:
-    name = (read_config(run_dir).get("run") or {}).get("name") or run_dir.name
-    return RunRef(str(name), run_dir, merge_jobs(read_jobs(run_dir), extra_jobs or []))
+    config = read_config(run_dir)
+    name = (config.get("run") or {}).get("name") or run_dir.name
+    groups = int((config.get("parallel") or {}).get("replica_groups") or 1)
+    return RunRef(str(name), run_dir, merge_jobs(with_group_tasks(read_jobs(run_dir), groups), extra_jobs or []))
+
+
+def with_group_tasks(jobs: list[str], groups: int) -> list[str]:
+    """parallel.replica_groups on SLURM records each launch's job array (and its lighthouse's job) by its plain id,
+    and sacct and squeue know an array's groups by their task ids: JOB_0 .. JOB_{N-1} join each plain id (none
+    matches a lighthouse's plain job, which keeps its own)."""
+    if groups <= 1:
+        return jobs
+    return [*jobs, *(f"{j}_{k}" for j in jobs if j.isdigit() for k in range(groups))]
+
+
+def newest_tasks(jobs: list[str]) -> list[str]:
+    """The task ids of the newest job array among `jobs` (its replica groups), or [] when the newest is no array."""
+    if not jobs or "_" not in jobs[-1]:
+        return []
+    newest = jobs[-1].partition("_")[0]
+    return [j for j in jobs if j.partition("_")[0] == newest and "_" in j]
 
 
 def _load_sweep(sweep_dir: Path) -> Sweep:

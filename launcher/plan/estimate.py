@@ -12,8 +12,15 @@ from typing import Any
 
 from contract.rules import float8
 from contract.rules.flops import flops_per_token
-from contract.rules.loss_chunks import chunk_rows, loss_bytes
-from contract.rules.moe_shape import dense_mlp_params, largest_mlp_params, moe_layer_numbers, moe_of
+from contract.rules.loss_chunks import loss_bytes
+from contract.rules.loss_chunks import path as loss_path
+from contract.rules.moe_shape import (
+    dense_mlp_params,
+    expert_params,
+    largest_mlp_params,
+    moe_layer_numbers,
+    moe_of,
+)
 from contract.rules.optimizers import count_shapes, state_bytes
 
 GB = 1024**3
@@ -215,12 +222,22 @@ class ModelShape:
         return self.model_flops_per_token or 6.0 * self.n_params
 
 
+def _ep(cfg: Any) -> int:
+    return int(cfg.parallel.get("ep", 1)) if cfg.get("parallel") is not None else 1
+
+
 def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_bytes: float,
                     fragmentation: float) -> MemoryEstimate:
     s = cfg.strategy
     lay = layout(cfg, world, nodes)
-    p, n = float(shape.n_params), lay.shard
-    block, root = shape.block_params, shape.root
+    # parallel.ep: a rank holds num_experts / ep of each MoE layer's experts, whole, outside the strategy's sharding
+    # (train/strategies/expert_parallel.py); the rest of the parameters follow the strategy's layout.
+    experts = expert_params(shape.config) if shape.config is not None and _ep(cfg) > 1 else 0
+    own_experts = experts / _ep(cfg) if experts else 0.0
+    p, n = float(shape.n_params - experts), lay.shard
+    # FSDP gathers a block without its experts under ep (they are not its to shard).
+    block_experts = experts // max(1, len(moe_layer_numbers(shape.config))) if experts else 0
+    block, root = shape.block_params - block_experts, shape.root
     compute_bytes = dtype_bytes(cfg.precision.name)
     optim = (shape.optimizer_bytes_per_param(cfg.optim) + lay.master_bytes) * p
     host = 0.0
@@ -248,6 +265,10 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
         params, grads, optimizer = lay.weight_bytes * p / n, lay.grad_bytes * p / n, optim / n
         gathered = (2 * block if lay.kind == "fsdp" else shape.n_blocks * block) + root
         temporary = lay.weight_bytes * gathered * (1 - 1 / n) + lay.grad_bytes * block
+    if own_experts:
+        params += FP32 * own_experts
+        grads += FP32 * own_experts
+        optimizer += shape.optimizer_bytes_per_param(cfg.optim) * own_experts
     # parallel.cp: a rank holds seq_len / cp tokens of every sequence (activations and logits divide by cp), and
     # each layer keeps the group's other keys and values, gathered for attention, for its backward.
     cp = int(cfg.parallel.get("cp", 1))
@@ -256,7 +277,8 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
     m = shape.config
     if m is not None:
         per_block = block_activation_bytes(m, compute_bytes)
-        chunked = shape.vocab_size is not None and chunk_rows(tokens, shape.vocab_size) is not None
+        # The chunked and the fused loss keep no log-softmax (contract/rules/loss_chunks.py).
+        chunked = shape.vocab_size is not None and loss_path(cfg, tokens, shape.vocab_size) != "plain"
         if cp > 1:
             kv_width = (m.n_kv_heads or m.n_heads) * (m.d_model // m.n_heads)
             per_block += 2 * (cp - 1) * kv_width * compute_bytes
@@ -269,8 +291,9 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
         activations *= shape.activation_share
     if shape.vocab_size:
         # The logits (compute dtype), and their fp32 copy for the loss and its gradient, or chunked for a large
-        # vocabulary (contract/rules/loss_chunks.py).
-        temporary += loss_bytes(tokens, shape.vocab_size, compute_bytes)
+        # vocabulary, or no logits at all with the fused loss (contract/rules/loss_chunks.py).
+        temporary += loss_bytes(tokens, shape.vocab_size, compute_bytes, loss_path(cfg, tokens, shape.vocab_size),
+                                int(m.d_model) if m is not None else 0)
     if m is not None and m.get("position", "rope") == "rope":
         # RoPE's cos and sin tables, fp32, (max_seq_len, head_dim / 2) each: buffers every rank holds whole, sized
         # by model.max_seq_len, not by the parameters (a typed max_seq_len of 1e8 makes them gigabytes). Counted
@@ -279,12 +302,13 @@ def estimate_memory(cfg: Any, world: int, nodes: int, shape: ModelShape, margin_
     if compute_bytes != FP32 and s.backend != "deepspeed":
         copies = compute_bytes * p
         if m is not None and float8.enabled(cfg.precision):  # the converted weights are cast to float8 instead
-            copies -= (compute_bytes - 1) * m.n_layers * float8.float8_params_per_block(m)
+            copies -= (compute_bytes - 1) * m.n_layers * float8.float8_params_per_block(m, cfg.precision)
         temporary += copies / n if lay.kind != "replicated" else copies  # autocast's (and float8's) weight copies
+        temporary += compute_bytes * own_experts
         if m is not None and lay.kind in ("fsdp", "fsdp_grad_op") and float8.fp8_all_gather(cfg):
             # FSDP2 all-gathers the converted weights in float8 (1 byte) instead of fp32 (4)
             blocks_gathered = 2 if lay.kind == "fsdp" else shape.n_blocks
-            temporary -= (lay.weight_bytes - 1) * blocks_gathered * float8.float8_params_per_block(m) * (1 - 1 / n)
+            temporary -= (lay.weight_bytes - 1) * blocks_gathered * float8.float8_params_per_block(m, cfg.precision) * (1 - 1 / n)
     subtotal = params + grads + optimizer + activations + temporary
     return MemoryEstimate(params, grads, optimizer, activations, temporary,
                           margin_bytes + fragmentation * subtotal, host, shape.activations_known)

@@ -19,10 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from contract.config.schema import StrategyConfig
 from contract.errors import ConfigError
-from contract.rules import float8
+from contract.rules import float8, grad_compression
 from contract.rules.compile_modes import compile_refusal
 from contract.rules.optimizers import strategy_refusal
 from launcher.plan.estimate import GB, MemoryEstimate, ModelShape, estimate_memory
+from launcher.plan.fit_advice import smaller_run
 from launcher.plan.parallel import COMPOSABLE
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -119,7 +120,8 @@ def strategy_node(name: str, base: Any) -> Any:
     strategy, _, ac = name.partition("+")
     node: Any = OmegaConf.merge(OmegaConf.structured(StrategyConfig),
                                 OmegaConf.load(CONF_DIR / "strategy" / f"{strategy}.yaml"))
-    for key in ("bucket_cap_mb", "gradient_as_bucket_view", "compile", "compile_unit", "cuda_graphs"):
+    for key in ("bucket_cap_mb", "gradient_as_bucket_view", "compile", "compile_unit", "cuda_graphs",
+                "grad_compression", "powersgd_rank"):
         node[key] = base[key]
     node.activation_checkpointing = bool(ac) or bool(base.activation_checkpointing)
     return node
@@ -128,6 +130,9 @@ def strategy_node(name: str, base: Any) -> Any:
 def unavailable(name: str, cfg: DictConfig, has_gpus: bool) -> str | None:
     if strategy_refusal(cfg.optim.name, strategy_node(name, cfg.strategy)):
         return f"can't step optim={cfg.optim.name}"
+    compression = grad_compression.refusal(strategy_node(name, cfg.strategy))
+    if compression:
+        return compression.split(":")[0]
     if cfg.strategy.compile_unit == "model" or cfg.strategy.cuda_graphs:
         reason = compile_refusal(with_strategy(cfg, name), has_gpus)
         if reason:
@@ -227,12 +232,19 @@ def _keep_effective_batch(cfg: DictConfig, option: Option, world: int) -> str:
     return f" with trainer.micro_batch_size={option.micro_batch_size} (same effective batch, more accumulation)"
 
 
-def _more_nodes_advice(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, cap: Capacity, has_gpus: bool) -> str:
+def _more_nodes_advice(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, cap: Capacity, has_gpus: bool,
+                       ranks: int, local_gpus: int) -> str:
     if cfg.cluster is not None:
         option, _ = search(cfg, world, nodes, shape, cap, has_gpus, node_steps=(2, 4, 8, 16, 32))
         if option is not None:
             return f"use {option.overrides(cfg)} ({_on_device(option.estimate, cap) / GB:.1f} GB per rank)"
-    return "nothing fits on this hardware: use a smaller model or more, larger GPUs"
+
+    def fits_at(trial: DictConfig, trial_shape: ModelShape, n: int) -> bool:
+        trial_cap = cap if n == ranks else capacity(trial, n, local_gpus)
+        return fits(estimate_for(trial, max(1, world * n // ranks), nodes, trial_shape), trial_cap)
+
+    return smaller_run(cfg, shape, ranks, fits_at) or "nothing fits on this hardware: use a smaller model or more, " \
+        "larger GPUs"
 
 
 def check_fit(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, local_gpus: int, refuse: bool = True,
@@ -247,7 +259,7 @@ def check_fit(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, local_
         option, reasons = search(cfg, world, nodes, shape, cap, has_gpus)
         if option is None:
             raise ConfigError(f"strategy=auto: no strategy fits model={cfg.model.name} ({reasons[-1]}; {cap.what}): "
-                              f"{_more_nodes_advice(cfg, world, nodes, shape, cap, has_gpus)}")
+                              + _more_nodes_advice(cfg, world, nodes, shape, cap, has_gpus, ranks or world, local_gpus))
         keep = _keep_effective_batch(cfg, option, world)
         cfg.strategy = strategy_node(option.strategy, cfg.strategy)
         cfg.trainer.micro_batch_size = option.micro_batch_size
@@ -256,7 +268,8 @@ def check_fit(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, local_
     if not fit.fits and refuse and not cfg.launcher.force:
         option, _ = search(cfg, world, nodes, shape, cap, has_gpus)
         advice = (f"use {option.overrides(cfg)} ({_on_device(option.estimate, cap) / GB:.1f} GB per rank)" if option
-                  else _more_nodes_advice(cfg, world, nodes, shape, cap, has_gpus))
+                  else _more_nodes_advice(cfg, world, nodes, shape, cap, has_gpus, ranks or world,
+                                          local_gpus))
         raise ConfigError(
             f"model={cfg.model.name} with strategy={cfg.strategy.name} does not fit: {shortfall(fit.estimate, cap)} "
             f"({cap.what}): {advice}; or add launcher.force=true to run anyway"
@@ -304,7 +317,7 @@ class Budget:
 def budget(cfg: DictConfig, world: int, tokens_per_step: int, gpus: int, shape: ModelShape) -> Budget:
     fpt = shape.flops_per_token(cfg.data.seq_len)
     c = cfg.cluster
-    peak = (float8.peak_tflops(cfg.precision.name, dict(c.peak_tflops), shape.config, cfg.data.seq_len)
+    peak = (float8.peak_tflops(cfg.precision, dict(c.peak_tflops), shape.config, cfg.data.seq_len)
             if c is not None else cfg.telemetry.peak_tflops)
     mfu = float(c.assumed_mfu) if c is not None else 0.4
     if not peak:

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from contract.errors import ConfigError
 from contract.rules.init_source import KEY, resolve, saved_weights
 from contract.rundir import ckpt_layout as layout
+from launcher.plan.code_change import code_lines
 from launcher.plan.probe import ask, needs_probe, probe_request
 from launcher.run.rundir_paths import CLEARED_BY_OVERWRITE
 
@@ -53,7 +54,7 @@ def weights_lines(cfg: DictConfig, run_dir: Path, world_size: int) -> tuple[str,
     latest = _resumes(cfg, run_dir)
     if latest is not None:
         note = f" ({KEY} is not applied on resume)" if init else ""
-        return (f"weights: the run's checkpoint {latest.path.name}{note}",)
+        return (f"weights: the run's checkpoint {latest.path.name}{note}", *code_lines(cfg, run_dir, latest))
     if not init:
         lines = [f"weights: random init (seed {cfg.trainer.seed})"]
         saved = saved_weights(str(cfg.model.config_path)) if cfg.model.get("config_path") else None

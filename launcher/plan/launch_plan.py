@@ -16,16 +16,17 @@ from contract.errors import ConfigError
 from contract.rules.eval_jobs import check_eval_jobs
 from contract.rules.eval_sets import check_eval
 from contract.rules.eval_sets import plan_line as eval_plan_line
-from contract.rules.float8 import plan_line as float8_line
+from contract.rules.grad_compression import plan_lines as compression_lines
 from contract.rules.hf_export import export_warning
 from contract.rules.keep_best import check_keep_best
-from contract.rules.loss_chunks import plan_line as loss_line
 from contract.rules.optimizers import check_optim, plan_line
 from contract.rules.stability_checks import check_stability
 from launcher.checks.cluster_checks import validate_cluster
+from launcher.checks.containers import settle as settle_container
 from launcher.checks.group_names import settle_names
 from launcher.checks.input_checks import check_inputs
 from launcher.checks.key_checks import check_keys
+from launcher.checks.unread_keys import check_unread_keys
 from launcher.plan.cross_checks import (
     _check_model,
     _check_precision,
@@ -52,7 +53,9 @@ from launcher.plan.parallel import (
 )
 from launcher.plan.paths import make_absolute, run_name
 from launcher.plan.probe import needs_probe, probe
+from launcher.plan.replica_plan import check_replica_groups, replica_lines
 from launcher.plan.run_length import settle_length
+from launcher.plan.step_plan import step_lines
 from launcher.plan.world import local_gpu_count, tasks_per_node, world_size
 
 
@@ -98,6 +101,8 @@ class Plan:
     # A mixture of experts: its experts, routing, total and active parameters (launcher/plan/moe_plan.py).
     moe_line: str = ""
     active_params: int = 0
+    # container=...: the image, the slurmtrain it runs, where that was checked, the mounts (launcher/checks/containers.py)
+    container_lines: tuple[str, ...] = ()
 
     @property
     def gpu_hours(self) -> float:
@@ -145,7 +150,7 @@ class Plan:
         if self.budget is not None:
             lines.append(f"  {self.budget.line()}")
         lines += [f"  {line}" for line in self.data_lines]
-        lines += [f"  {line}" for line in self.weights_lines]
+        lines += [f"  {line}" for line in self.weights_lines + self.container_lines]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -175,6 +180,8 @@ class Plan:
             out["data"] = list(self.data_lines)
         if self.weights_lines:
             out["weights"] = self.weights_lines[0].removeprefix("weights: ")
+        if self.container_lines:
+            out["container"] = [line.strip() for line in self.container_lines]
         return out
 
 
@@ -195,6 +202,7 @@ def model_shape(cfg: DictConfig, world: int) -> tuple[ModelShape | None, str]:
 def make_plan(cfg: DictConfig) -> Plan:
     """Validate cfg and fill in the derived values in place (world size, accumulation, run name)."""
     check_keys(cfg)
+    check_unread_keys(cfg)
     settle_names(cfg)
     typed_paths = make_absolute(cfg)  # before anything reads a path, and before the run name hashes them
     if cfg.cluster is not None:
@@ -221,6 +229,7 @@ def make_plan(cfg: DictConfig) -> Plan:
                           "picked on CPUs)")
     degrees = check_layout(cfg, world, tasks_per_node(cfg.cluster) if cfg.cluster is not None else world)
     dp = degrees.dp
+    check_replica_groups(cfg, dp)  # parallel.replica_groups: before anything starts
     # A dry run shows the plan even of a config it refuses (then the refusal, exit 2); anything else refuses now.
     refusal = _deferred(cfg, check_composable, cfg, degrees)
     fit = None
@@ -261,6 +270,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         raise ConfigError(f"run.name={cfg.run.name!r} must be a plain directory name: drop the slashes")
     # Read once: data.seq_len interpolates model.max_seq_len, which OmegaConf parses again at every read.
     run_dir, seq_len = _run_dir(cfg), int(cfg.data.seq_len)
+    container_lines = settle_container(cfg, run_dir.parent)  # before config.yaml: it settles container.code
     return Plan(
         mode="prepare" if cfg.launcher.prepare_only else "local" if cfg.cluster is None else "slurm",
         world_size=world,
@@ -280,7 +290,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         model_note=shape_note,
         refusal=refusal,
         data_parallel=dp,
-        layout_lines=tuple(summary_lines(degrees, world, accum)),
+        layout_lines=tuple(summary_lines(degrees, world, accum)) + replica_lines(cfg, dp, global_batch),
         data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch) + tuple(
             line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
         weights_lines=weights_lines(cfg, run_dir, world) + shape_lines + tuple(
@@ -288,18 +298,13 @@ def make_plan(cfg: DictConfig) -> Plan:
         max_steps=length.steps,
         optim_line=plan_line(cfg.optim, None if shape is None else shape.optimizer_bytes_per_param(cfg.optim)),
         length_line=length.line,
-        step_lines=_step_lines(cfg, shape, seq_len),
+        step_lines=(*step_lines(cfg, shape, seq_len, fit.estimate.states if fit else None),
+                    *compression_lines(cfg, dp, nodes)),
         moe_line=moe_line(cfg, shape.n_params) if shape is not None else "",
         active_params=active_params(cfg, shape.n_params) if shape is not None else 0,
+        container_lines=container_lines,
         **_reservation(cfg),
     )
-
-
-def _step_lines(cfg: DictConfig, shape: ModelShape | None, seq_len: int) -> tuple[str, ...]:
-    lines = [float8_line(cfg)]
-    if shape is not None and shape.vocab_size:
-        lines.append(loss_line(int(cfg.trainer.micro_batch_size) * seq_len, int(shape.vocab_size)))
-    return tuple(line for line in lines if line)
 
 
 def _deferred(cfg: DictConfig, check: Any, *args: Any, **kwargs: Any) -> str:

@@ -43,13 +43,8 @@ def check_moe(cfg: Any, world: int) -> None:
     if tp > 1:
         raise ConfigError("a mixture of experts with tensor parallelism is not built yet: use parallel.tp=1 (parallel.ep "
                           "splits the experts over data-parallel ranks instead)")
-    cp = int(p.get("cp", 1))
-    if cp > 1:  # the routing statistics and the aux losses would be per sequence chunk, not per sequence: untested
-        raise ConfigError(f"a mixture of experts with parallel.cp={cp} is not built yet: use parallel.cp=1")
     if ep == 1:
         return
-    if pp > 1:
-        raise ConfigError(f"parallel.ep={ep} with parallel.pp={pp} is not built yet: use parallel.pp=1")
     if cfg.strategy.get("backend") == "deepspeed":
         raise ConfigError(f"parallel.ep={ep} needs a torch strategy (ddp, fsdp, hsdp): strategy={cfg.strategy.name} "
                           "is DeepSpeed's")
@@ -74,8 +69,12 @@ def moe_line(cfg: Any, n_params: int) -> str:
                "the rest dropped")
     shared = f", {moe.shared_experts} shared" if int(moe.shared_experts) else ""
     per_rank = experts // ep
-    split = (f"; ep {ep}: {per_rank} expert{'s' if per_rank > 1 else ''} per rank, tokens exchanged by all-to-all"
-             if ep > 1 else "")
+    stages = " of a stage" if int(cfg.parallel.pp) > 1 else ""
+    split = (f"; ep {ep}: {per_rank} expert{'s' if per_rank > 1 else ''} per rank{stages}, tokens exchanged by "
+             "all-to-all" if ep > 1 else "")
+    cp = int(cfg.parallel.get("cp", 1))
+    if cp > 1:
+        split += f"; cp {cp}: the load-balancing loss over whole sequences (routed counts summed over the cp ranks)"
     return (f"mixture of experts: {experts} experts{shared}, top {top_k} ({routing}) in {len(moe_layer_numbers(m))} "
             f"of {m.n_layers} layers; {_count(n_params)} parameters in all (memory), {_count(active)} active per token "
             f"(FLOPs, MFU){split}")

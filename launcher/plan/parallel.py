@@ -101,9 +101,6 @@ def check_context(cfg: DictConfig, d: Degrees, world: int) -> None:
     if world % span:
         raise ConfigError(f"parallel.tp={d.tp} x parallel.pp={d.pp} x parallel.cp={d.cp} = {span} does not divide the "
                           f"world size {world}: the degrees (times the data-parallel size) must multiply to {world}")
-    if d.pp > 1:
-        raise ConfigError(f"parallel.cp={d.cp} with parallel.pp={d.pp} is not supported (a pipeline stage's micro "
-                          "batches do not split their sequences yet): use parallel.pp=1, or parallel.cp=1")
     if m.get("_target_"):
         raise ConfigError(f"parallel.cp needs slurmtrain's transformer (it splits its attention and positions): "
                           f"model._target_={m._target_} trains with parallel.cp=1")
@@ -210,8 +207,10 @@ def summary_lines(d: Degrees, world: int, micro_batches: int) -> list[str]:
 
 
 def context_line(d: Degrees, world: int) -> str:
+    ranks = (f"neighbouring ranks (x tensor-parallel {d.tp})" if d.pp == 1 else
+             f"ranks of a stage (x pipeline {d.pp} x tensor-parallel {d.tp})")
     return (f"context-parallel {d.cp}: each sequence in {2 * d.cp} chunks, a head and a tail on each of {d.cp} "
-            f"neighbouring ranks (x tensor-parallel {d.tp}) x data-parallel {d.dp} = {world} ranks; activations / {d.cp}")
+            f"{ranks} x data-parallel {d.dp} = {world} ranks; activations / {d.cp}")
 
 
 def model_parallel_shape(shape: Any, d: Degrees) -> Any:

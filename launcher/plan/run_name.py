@@ -33,6 +33,8 @@ NAME_EXCLUDED = ("run", "launcher", "local", "logger", "cluster", "checkpoint", 
                  "trainer.log_every", "trainer.progress_bar", "trainer.ckpt_every", "trainer.prefetch_steps",
                  # When Python collects garbage: host timing only.
                  "trainer.gc_every",
+                 # How the loss is computed (chunked or fused with the output layer): the same loss, its last bits aside.
+                 "trainer.loss_impl",
                  # Derived from the global batch and the world size: a run may resume on another world size.
                  "trainer.grad_accum_steps", "optim.scaled_lr")
 
@@ -49,7 +51,9 @@ NAME_ONLY_IF_SET: dict[str, Any] = {"optim.lr_scaling": "none", "optim.reference
                     "model.init_from": None,
                     "data._target_": None, "data.args": {}, "data.sources": {}, "data.sft_layout": "packed",
                     "data.document_mask": False, "precision.float8_recipe": "tensorwise",
-                    "strategy.compile_unit": "blocks", "strategy.cuda_graphs": False}
+                    "precision.float8_filter": "auto",
+                    "strategy.compile_unit": "blocks", "strategy.cuda_graphs": False,
+                    "strategy.grad_compression": "auto", "strategy.powersgd_rank": 4}
 
 
 def hashed(key: str) -> bool:

@@ -13,5 +13,8 @@
   run.py        the local worker pool, resume and finalize (manifest.json written last)
   progress.py   a progress bar on a terminal, plain lines otherwise
   slurm.py      +cluster=NAME: the tasks as one SLURM CPU job array, then a finalize job
+  container.py  container=RUNTIME with +cluster: those jobs in the training job's image (training's checks and
+                command lines)
+  jobs.py       a preparation's SLURM jobs (jobs.txt) and the refusal while one still runs
 The on-disk format (manifest.json, shards) is the contract's: contract/data/manifest.py. Never imports torch.
 """

@@ -1,8 +1,10 @@
-"""python -m launcher.prepare INPUTS... --out DIR --tokenizer T [options] [+cluster=NAME [cluster.KEY=VALUE]]
+"""python -m launcher.prepare INPUTS... --out DIR --tokenizer T [options] [+cluster=NAME [cluster.KEY=VALUE]
+    [container=RUNTIME container.image=IMAGE [container.KEY=VALUE]]]
 
 Turns a corpus into a prepared dataset directory (see contract/data/manifest.py): checks everything it can
 before writing anything, then prepares locally over worker processes, or with +cluster=NAME submits one SLURM
-CPU job array (a task per group of input files) and a finalize job, and returns at once.
+CPU job array (a task per group of input files) and a finalize job, and returns at once; with container=RUNTIME
+(the training job's container group and keys) those jobs run in the image.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from contract.data.manifest import Manifest
 from contract.errors import EXIT_BAD_INPUT, ConfigError
 from launcher.commands import CommandParser
+from launcher.prepare.container import split_overrides
 from launcher.prepare.inputs import ENCODING_ERRORS
 from launcher.prepare.plan import DEFAULT_TASK_MB, DEFAULT_VAL_FRACTION, Options, Plan, make_plan
 from launcher.prepare.pool import AUTO_MB_PER_WORKER, cpu_count
@@ -169,19 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _split_cluster(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
-    """`+cluster=NAME` and `cluster.KEY=VALUE` (as for training) are not argparse options: take them out first."""
-    rest, cluster, overrides = [], None, []
-    for arg in argv:
-        if arg.startswith(("+cluster=", "cluster=")):
-            cluster = arg.split("=", 1)[1]
-        elif arg.startswith("cluster.") and "=" in arg:
-            overrides.append(arg)
-        else:
-            rest.append(arg)
-    return rest, cluster, overrides
-
-
 def _check_options(args: argparse.Namespace) -> None:
     if not 0.0 <= args.val_fraction < 1.0:
         raise ConfigError(
@@ -251,16 +241,18 @@ def _check_writable(out: Path, tokenizer_dir: Path | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv, cluster, cluster_overrides = _split_cluster(list(sys.argv[1:] if argv is None else argv))
+    argv, cluster, cluster_overrides, container = split_overrides(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     try:
         from launcher.prepare.documents import check_columns, check_formats
         from launcher.prepare.filters import canonical
         from launcher.prepare.inputs import resolve_inputs
+        from launcher.prepare.slurm import check_first, submit
         from launcher.prepare.tokenizer import load_tokenizer
 
         _check_options(args)
         out = Path(args.out).expanduser().resolve()
+        check_first(cluster, cluster_overrides, args.config_dir, container, out)
         options = Options(
             text_field=args.text_field,
             text_per_line=args.text_per_line,
@@ -309,14 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         check_formats(inputs, options.read)
         plan = make_plan(out, tokenizer, options, inputs)
         if cluster is not None:
-            from launcher.prepare.slurm import submit
-
-            print(submit(plan, cluster, cluster_overrides, args.config_dir, args.overwrite))
+            print(submit(plan, cluster, cluster_overrides, args.config_dir, args.overwrite, container))
             return 0
-        if cluster_overrides:
-            raise ConfigError(
-                f"{cluster_overrides[0]} needs +cluster=NAME (without it the preparation runs here)"
-            )
         from launcher.prepare.pool import Interrupted, WorkerDied
         from launcher.prepare.run import prepare_local
 

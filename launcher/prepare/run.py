@@ -28,6 +28,7 @@ from contract.data.manifest import (
     write_manifest,
 )
 from contract.errors import ConfigError
+from launcher.prepare.jobs import refuse_live_jobs
 from launcher.prepare.plan import PARTS, PLAN, Plan, difference, load_plan
 from launcher.prepare.pool import Created, run_tasks
 from launcher.prepare.shards import completed_record, record_path, shard_name
@@ -72,8 +73,6 @@ def claimed(plan: Plan, overwrite: bool) -> Iterator[Created]:
 
 
 def _claim(plan: Plan, overwrite: bool, created: Created) -> None:
-    from launcher.prepare.slurm import refuse_live_jobs
-
     out = Path(plan.out)
     if any(out.iterdir()):
         if not _ours(out):

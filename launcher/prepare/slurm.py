@@ -6,7 +6,8 @@ GPU). The plan is checked and written here, exactly as for a local preparation; 
 pending tasks (one task per element unless there are more tasks than the cluster's MaxArraySize allows) with the
 cluster's cpus_per_task for the tokenizer's threads, and a finalize job, started after the array, writes
 manifest.json. The output is byte-identical to a local preparation's. The command returns once both are queued;
-running it again after a failed task resubmits only the missing tasks.
+running it again after a failed task resubmits only the missing tasks. With container=RUNTIME both jobs start in the
+training job's image (launcher/prepare/container.py).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from typing import Any
 
 from contract.data.manifest import MANIFEST
 from contract.errors import ConfigError
+from launcher.prepare import container as image_jobs
+from launcher.prepare.jobs import JOBS
 from launcher.prepare.plan import PLAN, Plan, load_plan
 
-JOBS = "jobs.txt"
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
@@ -76,6 +78,18 @@ def executor_parameters(cluster: Any, job_name: str) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
+def check_first(cluster_name: str | None, overrides: list[str], config_dir: str | None,
+                container: image_jobs.Request | None, out: Path) -> None:
+    """Before anything is read, trained or written: the cluster's keys, and the container's image, runtime and
+    slurmtrain inside it (the image's answer is cached: submit's check, with the inputs' mounts, starts nothing)."""
+    if cluster_name is None:
+        image_jobs.refuse_local(container)
+        if overrides:
+            raise ConfigError(f"{overrides[0]} needs +cluster=NAME (without it the preparation runs here)")
+        return
+    image_jobs.job_config(container, load_cluster(cluster_name, overrides, config_dir), out, [], config_dir)
+
+
 def max_array_size() -> int:
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
     for line in out.stdout.splitlines():
@@ -85,31 +99,14 @@ def max_array_size() -> int:
     return 1000
 
 
-def live_jobs(plan: Plan) -> list[str]:
-    from launcher.run import slurm
-
-    return slurm.live_jobs(plan.parts) if (plan.parts / JOBS).is_file() else []
-
-
-def refuse_live_jobs(plan: Plan) -> None:
-    """Two preparations of one directory would do the work twice."""
-    live = live_jobs(plan)
-    if live:
-        raise ConfigError(
-            f"SLURM job {live[0]} is still preparing {plan.out}: wait for it (squeue -j "
-            f"{','.join(live)}) or cancel it (scancel {' '.join(live)})"
-        )
-
-
 def _groups(pending: list[int], elements: int) -> list[list[int]]:
     return [pending[k::elements] for k in range(elements)]
 
 
-def submit(
-    plan: Plan, cluster_name: str, overrides: list[str], config_dir: str | None, overwrite: bool
-) -> str:
-    """Queue the array and the finalize job; returns what to print. Nothing is written or queued when a check
-    fails."""
+def submit(plan: Plan, cluster_name: str, overrides: list[str], config_dir: str | None, overwrite: bool,
+           container: image_jobs.Request | None = None) -> str:
+    """Queue the array and the finalize job (in container's image, when given); returns what to print. Nothing is
+    written or queued when a check fails."""
     from omegaconf import OmegaConf
 
     from launcher.prepare.run import claimed, finalize, pending_tasks
@@ -117,26 +114,30 @@ def submit(
 
     cluster = load_cluster(cluster_name, overrides, config_dir)
     slurm.preflight(OmegaConf.create({"cluster": cluster}))
+    in_image, lines = image_jobs.job_config(container, cluster, Path(plan.out), image_jobs.read_paths(plan),
+                                            config_dir)
     with claimed(plan, overwrite):
         pending = pending_tasks(plan)
         if not pending:
             finalize(plan)
             return f"already prepared: {plan.out} (every task complete; manifest.json written)"
         (Path(plan.out) / MANIFEST).unlink(missing_ok=True)
-        return _queue(plan, cluster, pending)
+        return "".join(f"{line}\n" for line in lines) + _queue(plan, cluster, pending, in_image)
 
 
-def _queue(plan: Plan, cluster: Any, pending: list[int]) -> str:
+def _queue(plan: Plan, cluster: Any, pending: list[int], in_image: Any) -> str:
     import submitit
 
     folder = plan.parts / "slurm"
     name = f"prepare-{Path(plan.out).name}"
     groups = _groups(pending, min(len(pending), max_array_size()))
     plan_path = str(plan.parts / PLAN)
-    array = submitit.SlurmExecutor(folder=folder, max_num_timeout=cluster.max_requeues)
-    array.update_parameters(**executor_parameters(cluster, name), array_parallelism=cluster.array_parallelism)
-    finisher = submitit.SlurmExecutor(folder=folder, max_num_timeout=cluster.max_requeues)
-    params = executor_parameters(cluster, f"{name}-finalize")
+    python = image_jobs.job_python(in_image)
+    array = submitit.SlurmExecutor(folder=folder, max_num_timeout=cluster.max_requeues, python=python)
+    array.update_parameters(**image_jobs.with_container(executor_parameters(cluster, name), in_image),
+                            array_parallelism=cluster.array_parallelism)
+    finisher = submitit.SlurmExecutor(folder=folder, max_num_timeout=cluster.max_requeues, python=python)
+    params = image_jobs.with_container(executor_parameters(cluster, f"{name}-finalize"), in_image)
     try:
         jobs = array.map_array(run_array_element, [plan_path] * len(groups), groups)
         array_id = str(jobs[0].job_id).split("_")[0]

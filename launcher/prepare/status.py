@@ -23,9 +23,9 @@ import numpy as np
 
 from contract.data.manifest import MANIFEST, SPLITS, Manifest, load_manifest
 from contract.errors import ConfigError
+from launcher.prepare.jobs import JOBS
 from launcher.prepare.plan import PARTS, PLAN, Plan, load_plan
 from launcher.prepare.shards import completed_record
-from launcher.prepare.slurm import JOBS
 
 COMPLETE, PREPARING, FAILED, RESUMABLE = "complete", "preparing", "failed", "incomplete-resumable"
 RESUME = "run the same `python -m launcher.prepare ... --out {out}` command again"

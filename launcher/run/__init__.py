@@ -2,7 +2,12 @@
 
     dispatch.py       one planned run sent where it runs (python -m launcher's last step, a local sweep point's)
     local.py          local debug mode: one worker process per rank on this machine
+    local_container.py  local ranks inside a container (container=...): each started fresh through the runtime
     local_ends.py     a local attempt's end that its ranks could not record (a second Ctrl-C, a silent rank 0)
+    replica_groups.py local replica groups (parallel.replica_groups): a group lost is torn down and healed alone
+    replica_slurm.py  replica groups on SLURM: one job array (a task per group, requeued alone) and its lighthouse
+    lighthouse.py     torchft's lighthouse for replica groups: started (its binary), or checked; lighthouse.json
+    lighthouse_keeper.py  the lighthouse of a SLURM run, on the login node or in a job of its own, while the array lives
     slurm.py          submission (sbatch parameters: contract/rules/sbatch.py), dry-run scripts, following a job,
                       SLURM's verdict on evaluation jobs (eval.async_jobs; the design: contract/rules/eval_jobs.py)
     rundir.py         the run directory explains itself: resolved config, command, versions, git revision

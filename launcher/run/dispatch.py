@@ -41,6 +41,10 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
         from launcher.run.slurm import check_eval_submission, submit
 
         check_eval_submission(cfg, plan)
+        if int(cfg.parallel.get("replica_groups", 1)) > 1:
+            from launcher.run import replica_slurm
+
+            return replica_slurm.submit(cfg, plan, argv=argv)
         return submit(cfg, plan, argv=argv)
     from launcher.run.local import run_local
 
@@ -51,4 +55,8 @@ def dispatch(cfg: DictConfig, argv: list[str] | None = None) -> int:
     if plan.mode == "prepare":
         print(config_path)
         return 0
+    if int(cfg.parallel.get("replica_groups", 1)) > 1:
+        from launcher.run.replica_groups import run_replica_groups
+
+        return run_replica_groups(config_path, plan.world_size, cfg.parallel)
     return run_local(config_path, plan.world_size)

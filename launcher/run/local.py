@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -31,7 +31,7 @@ from contract.errors import EXIT_DIVERGED, EXIT_KILLED, EXIT_STOPPED
 from contract.rundir import environment as environment
 from contract.rundir.events import is_secondary_text, record_environment_end
 from launcher.plan.world import local_gpu_count
-from launcher.run import local_ends, rank_fork
+from launcher.run import local_container, local_ends, rank_fork
 
 GRACE_S = 30.0
 POLL_S = 0.1
@@ -91,8 +91,12 @@ def tail(path: Path, lines: int = 40) -> str:
 
 
 class WorkerGroup:
-    def __init__(self, config_path: Path, nproc: int) -> None:
+    def __init__(self, config_path: Path, nproc: int, extra_env: dict[str, str] | None = None,
+                 terminal: bool = True) -> None:
         self.config_path, self.nproc = config_path, nproc
+        # Replica groups (launcher/run/replica_groups.py): the group's environment, and whether its rank 0 has the
+        # terminal (only group 0's does; the others write to their log files).
+        self.extra_env, self.terminal = dict(extra_env or {}), terminal
         self.run_dir = config_path.parent
         self.procs: list[subprocess.Popen[bytes] | rank_fork.Rank] = []
         self.log_paths: list[Path] = []
@@ -110,8 +114,13 @@ class WorkerGroup:
         # One process meets nobody: no socket is held for it. Port 0 lets a store that torch makes anyway (FSDP's
         # device mesh on one rank initialises a process group) bind a port the OS picks as it binds; a socket held
         # here on the port it reads would be in use (EADDRINUSE).
-        self.store_socket = listening_socket() if self.nproc > 1 else None
+        container = local_container.spec_for(self.config_path, local_gpu_count() > 0, [self.ending_dir])
+        if container is not None:  # each rank through the runtime; rank 0 binds the port (local_container.py)
+            local_container.prepare(container)
+        self.store_socket = listening_socket() if self.nproc > 1 and container is None else None
         port = int(self.store_socket.getsockname()[1]) if self.store_socket is not None else 0
+        if container is not None and self.nproc > 1:
+            port = local_container.free_port()
         listen_fd = self.store_socket.fileno() if self.store_socket is not None else -1
         argv = ["--config", str(self.config_path)]
         specs = []
@@ -120,18 +129,24 @@ class WorkerGroup:
             self.log_paths.append(log_path)
             env = worker_env(rank, self.nproc, port, self.run_dir)
             env[environment.ENDING_DIR_ENV] = str(self.ending_dir)
+            env.update(self.extra_env)
+            if rank == 0 and not self.terminal:
+                env.pop("SLURMTRAIN_LOG_FILE", None)  # its output goes to that file already
             if rank == 0 and listen_fd >= 0:
                 env[STORE_FD_ENV] = str(listen_fd)
-            specs.append(rank_fork.RankSpec(argv, env, None if rank == 0 else os.open(log_path, LOG_FLAGS, 0o644),
+            to_terminal = rank == 0 and self.terminal
+            specs.append(rank_fork.RankSpec(argv, env, None if to_terminal else os.open(log_path, LOG_FLAGS, 0o644),
                                             (listen_fd,) if rank == 0 and listen_fd >= 0 else ()))
         try:
-            if rank_fork.enabled(local_gpu_count()):
+            if container is None and rank_fork.enabled(local_gpu_count()):
                 zygote_env = {k: v for k, v in specs[0].env.items() if k != STORE_FD_ENV}
                 self.procs = list(rank_fork.start_ranks(specs, zygote_env) or [])
             for spec in specs[len(self.procs):]:  # not forked: each rank a process of its own
                 # Own session: the terminal's Ctrl-C reaches the launcher only, which decides what workers get.
+                command = [sys.executable, "-m", "launcher.worker", *spec.argv] if container is None else \
+                    local_container.rank_argv(container, spec.argv)
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "launcher.worker", *spec.argv], env=spec.env, stdout=spec.output_fd,
+                    command, env=spec.env, stdout=spec.output_fd,
                     stderr=subprocess.STDOUT if spec.output_fd is not None else None, start_new_session=True,
                     preexec_fn=_term_with_parent, pass_fds=spec.keep_fds))
         finally:
@@ -288,16 +303,25 @@ class WorkerGroup:
 
 
 def run_local(config_path: Path, nproc: int,
-              handled: Sequence[int] = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)) -> int:
+              handled: Sequence[int] = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP),
+              on_signal: Callable[[int], None] | None = None) -> int:
+    """`on_signal`: told of each handled signal before the ranks are (a search worker's stop flag: a stop that comes
+    as its trial ends must still keep it from taking the next)."""
     group = WorkerGroup(config_path, nproc)
-    previous = {sig: signal.signal(sig, group.on_interrupt) for sig in handled}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if on_signal is not None:
+            on_signal(signum)
+        group.on_interrupt(signum, frame)
+
+    previous = {sig: signal.signal(sig, handler) for sig in handled}
     try:
         group.start()
         print(f"launcher: started {nproc} worker(s); logs in {group.run_dir / 'logs'}", file=sys.stderr, flush=True)
         return group.wait()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, before in previous.items():
+            signal.signal(sig, before)
         if any(p.poll() is None for p in group.procs):
             group.stop()
         group.cleanup()

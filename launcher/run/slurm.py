@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from contract.errors import ConfigError
 from contract.rules.eval_job_script import render_script
 from contract.rules.eval_jobs import jobs_enabled
-from contract.rules.sbatch import executor_parameters
+from contract.rules.sbatch import executor_parameters, job_python
 from launcher.plan.launch_plan import Plan
 from launcher.run import rundir
 from launcher.run.remote.hints import follow_command, login_node_note
@@ -40,7 +40,7 @@ def render_sbatch(cfg: DictConfig, plan: Plan, folder: Path | None = None, job_n
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = folder or slurm_folder(plan.run_dir)
-    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    command = " ".join([job_python(cfg), "-u -m submitit.core._submit", shlex.quote(str(folder))])
     params = executor_parameters(cfg)
     if job_name:
         params["job_name"] = job_name
@@ -106,7 +106,8 @@ def submit(cfg: DictConfig, plan: Plan, argv: list[str] | None = None) -> int:
     from launcher.worker import run as train_entry
 
     config_path = rundir.prepare(cfg, plan.run_dir, argv=argv, plan=plan)
-    executor = submitit.SlurmExecutor(folder=slurm_folder(plan.run_dir), max_num_timeout=cfg.cluster.max_requeues)
+    executor = submitit.SlurmExecutor(folder=slurm_folder(plan.run_dir), max_num_timeout=cfg.cluster.max_requeues,
+                                      python=job_python(cfg))
     executor.update_parameters(**executor_parameters(cfg))
     try:
         job = executor.submit(train_entry, str(config_path))

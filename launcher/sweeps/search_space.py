@@ -115,3 +115,16 @@ def grid_values(space: Space) -> dict[str, list[Any]]:
 def override(key: str, value: Any) -> str:
     """The override that sets one trial's value, as the command would type it."""
     return f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+
+
+def describe_space(params: dict[str, dict[str, Any]]) -> str:
+    """What each trial draws: `optim.lr log-uniform 0.0001 to 0.1, optim.warmup_steps one of 50, 200`."""
+    parts = []
+    for key, p in params.items():
+        if p["type"] == "categorical":
+            parts.append(f"{key} one of {', '.join(map(str, p['choices']))}")
+        else:
+            kind = "log-uniform" if p.get("log") else ("integers" if p["type"] == "int" else "uniform")
+            step = f" step {p['step']}" if p["type"] == "int" and int(p.get("step") or 1) != 1 else ""
+            parts.append(f"{key} {kind} {p['low']:g} to {p['high']:g}{step}")
+    return ", ".join(parts)

@@ -1,18 +1,22 @@
 """What a search has done, read from its study: `python -m launcher.status SWEEP_DIR` (a table of the trials and a
-summary) and `python -m launcher.report SWEEP_DIR` (search.png: every trial's reported values, pruned ones marked, and
-the best so far; importances.png: Optuna's parameter importances once two trials are complete)."""
+summary; --json: its rows and total) and the figures' data (launcher/sweeps/search_report.py draws them)."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
+import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from contract.search import layout
+from contract.search.progress import steady_step_seconds, steps_trained
+from launcher.sweeps.trial_state import holders, live_state
 
+# Optuna's states; a RUNNING trial is told apart further (launcher/sweeps/trial_state.py): running, pending, stopped,
+# interrupted.
 STATES = {"RUNNING": "running", "COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "WAITING": "waiting"}
 
 
@@ -29,15 +33,20 @@ class TrialRow:
     run_dir: str
     reason: str = ""
     values: dict[int, float] = field(default_factory=dict)
-    step_s: float | None = None  # a trained step's wall time once running (search_worker.steady_step_seconds)
+    step_s: float | None = None  # a trained step's wall time once running (contract/search/progress.py)
+    accounted_steps: int | None = None  # the steps its ended attempts trained (what `seconds` paid for)
 
-    def gpu_hours_to_end(self) -> float:
-        """GPU-hours had this trial run to its last step: what it used, plus its steps left at its steady pace (its
-        time per step so far, start-up included, when it has no pace yet)."""
-        left = max(self.max_steps - self.steps, 0)
-        if self.step_s is not None:
-            return (self.seconds + left * self.step_s) * self.ranks / 3600
-        return self.seconds * self.ranks * (self.max_steps / self.steps if self.steps else 1.0) / 3600
+    def gpu_hours_to_end(self, pace: float | None = None) -> float:
+        """GPU-hours had this trial run to its last step: what its ended attempts used, plus the steps they left at
+        its steady pace; without one of its own (fewer than two logged rows in an attempt) at `pace`, the other
+        trials' (their start-up is not a step's time: it made an interrupted trial's hours read ~20x high); at its
+        own seconds per step, start-up included, only when no trial has a pace."""
+        done = self.steps if self.accounted_steps is None else self.accounted_steps
+        left = max(self.max_steps - done, 0)
+        step_s = self.step_s if self.step_s is not None else pace
+        if step_s is not None:
+            return (self.seconds + left * step_s) * self.ranks / 3600
+        return self.seconds * self.ranks * (self.max_steps / done if done else 1.0) / 3600
 
 
 @dataclass
@@ -59,23 +68,32 @@ def collect(sweep_dir: Path) -> Summary:
     spec = layout.load_spec(sweep_dir)
     study = load_study(sweep_dir, spec)
     rows = []
+    held = holders(sweep_dir)
     for t in study.get_trials(deepcopy=False):
         values = dict(t.intermediate_values)
         last = values[max(values)] if values else None
         ua = t.user_attrs
         steps = int(ua.get("steps", max(values) if values else 0))
-        rows.append(TrialRow(number=t.number, params=dict(t.params), state=STATES.get(t.state.name, t.state.name),
-                             value=t.value if t.value is not None else last, steps=steps,
-                             max_steps=int(ua.get("max_steps", spec.max_steps)), seconds=float(ua.get("seconds", 0)),
-                             ranks=int(ua.get("ranks", spec.ranks)), run_dir=str(ua.get("run_dir", "")),
-                             reason=str(ua.get("reason", "")), values=values,
-                             step_s=float(ua["step_s"]) if "step_s" in ua else None))
+        row = TrialRow(number=t.number, params=dict(t.params), state=STATES.get(t.state.name, t.state.name),
+                       value=t.value if t.value is not None else last, steps=steps,
+                       max_steps=int(ua.get("max_steps", spec.max_steps)), seconds=float(ua.get("seconds", 0)),
+                       ranks=int(ua.get("ranks", spec.ranks)), run_dir=str(ua.get("run_dir", "")),
+                       reason=str(ua.get("reason", "")), values=values,
+                       step_s=float(ua["step_s"]) if "step_s" in ua else None, accounted_steps=steps)
+        if row.state == "running" and row.run_dir:  # the study says only that no worker told it the end
+            run_dir = Path(row.run_dir)
+            row.state, row.reason = live_state(run_dir, held.get(t.number))
+            row.steps = max(steps, steps_trained(run_dir), max(values, default=0))
+            row.step_s = row.step_s if row.step_s is not None else steady_step_seconds(run_dir)
+        rows.append(row)
     complete = [r for r in rows if r.state == "complete" and r.value is not None and math.isfinite(r.value)]
     best = None
     if complete:
         best = (max if spec.higher_is_better else min)(complete, key=lambda r: r.value)  # type: ignore[arg-type,return-value]
     used = sum(r.seconds * r.ranks for r in rows) / 3600
-    to_end = sum(r.gpu_hours_to_end() for r in rows)
+    paces = [r.step_s for r in rows if r.step_s is not None]
+    pace = statistics.median(paces) if paces else None
+    to_end = sum(r.gpu_hours_to_end(pace) for r in rows)
     return Summary(rows, best, spec.metric, spec.higher_is_better, spec.n_trials, used, to_end,
                    sum(r.steps for r in rows), sum(r.max_steps for r in rows))
 
@@ -89,8 +107,10 @@ def _fmt(value: Any) -> str:
 def print_status(sweep_dir: Path, as_json: bool = False) -> None:
     s = collect(sweep_dir)
     if as_json:
-        out = asdict(s)
-        print(json.dumps(out, indent=2, default=str))
+        # {"rows": [...], "total": {...}} as for any run directory (docs/telemetry.md), and the search's own fields.
+        print(json.dumps({"rows": [asdict(r) for r in s.trials], "total": total(s),
+                          "best": None if s.best is None else asdict(s.best), "metric": s.metric,
+                          "higher_is_better": s.higher_is_better, "n_trials": s.n_trials}, indent=2, default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -109,110 +129,36 @@ def print_status(sweep_dir: Path, as_json: bool = False) -> None:
         print(f"best so far: trial {s.best.number} ({' '.join(f'{k}={_fmt(v)}' for k, v in s.best.params.items())}), "
               f"{s.metric} {s.best.value:.4f}, run directory {s.best.run_dir}")
     else:
-        print("best so far: none (no trial complete yet)")
+        print(f"best so far: none: {no_best(s)}")
     print(f"GPU-hours used {s.gpu_hours:.4g} of {s.gpu_hours_to_end:.4g} had every trial run to the end; steps "
           f"{s.steps} of {s.steps_to_end}")
 
 
-def write_report(sweep_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    s = collect(sweep_dir)
-    if not any(r.values for r in s.trials):
-        from contract.errors import ConfigError
-
-        raise ConfigError(f"{sweep_dir}: no trial has reported {s.metric} yet: wait for the first evaluation "
-                          "(eval.every) and run the report again")
-    fig, (ax, ax_best) = plt.subplots(1, 2, figsize=(13, 5))
-    for r in s.trials:
-        if not r.values:
-            continue
-        steps = sorted(r.values)
-        (line,) = ax.plot(steps, [r.values[k] for k in steps], label=f"trial {r.number} ({r.state})",
-                          linestyle="--" if r.state == "pruned" else "-")
-        line.set_gid(f"trial-{r.number}")
-        if r.state == "pruned":
-            ax.plot([steps[-1]], [r.values[steps[-1]]], marker="x", color=line.get_color(), markersize=9)
-    ax.set_xlabel("step")
-    ax.set_ylabel(s.metric)
-    ax.set_title(f"{Path(sweep_dir).name}: {s.metric} per trial (x: pruned)")
-    finite = [v for r in s.trials for v in r.values.values() if math.isfinite(v)]
-    if finite and not s.higher_is_better and min(finite) > 0:
-        ax.set_yscale("log")
-    ax.legend(fontsize=7, ncol=2)
-    best: list[float] = []
-    numbers = []
-    for r in sorted(s.trials, key=lambda r: r.number):
-        if r.state == "complete" and r.value is not None and math.isfinite(r.value):
-            cand = r.value if not best else (max if s.higher_is_better else min)(best[-1], r.value)
-        elif best:
-            cand = best[-1]
-        else:
-            continue
-        best.append(cand)
-        numbers.append(r.number)
-    ax_best.step(numbers, best, where="post", marker="o")
-    if not best:  # an empty panel read as a drawing fault
-        ax_best.text(0.5, 0.5, "no trial complete yet", ha="center", va="center", transform=ax_best.transAxes)
-    ax_best.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole: no half-trial ticks
-    ax_best.set_xlabel("trial")
-    ax_best.set_ylabel(f"best {s.metric} so far")
-    ax_best.set_title("best so far")
-    fig.tight_layout()
-    out = [Path(sweep_dir) / "search.png"]
-    # Which trial each line is, in the PNG's own text: the file says what it draws (tests read it back).
-    drawn = [str(line.get_gid()) for line in ax.get_lines() if line.get_gid()]
-    fig.savefig(out[0], dpi=90, metadata={"Description": json.dumps({"lines": drawn})})
-    plt.close(fig)
-    importances = param_importances(sweep_dir)
-    if importances:
-        fig, ax = plt.subplots(figsize=(6, 1 + 0.5 * len(importances)))
-        ax.barh(list(importances), list(importances.values()))
-        ax.set_xlabel("importance (Optuna, PED-ANOVA)")
-        ax.set_title(f"{Path(sweep_dir).name}: parameter importances")
-        fig.tight_layout()
-        out.append(Path(sweep_dir) / "importances.png")
-        fig.savefig(out[-1], dpi=90)
-        plt.close(fig)
-    return out
+def total(s: Summary) -> dict[str, Any]:
+    """The trials together: how many in each state, the GPU-hours and steps used and had every trial run to the end."""
+    return {"trials": len(s.trials), "n_trials": s.n_trials, "states": dict(Counter(r.state for r in s.trials)),
+            "gpu_hours": s.gpu_hours, "gpu_hours_to_end": s.gpu_hours_to_end, "steps": s.steps,
+            "steps_to_end": s.steps_to_end}
 
 
-def param_importances(sweep_dir: Path) -> dict[str, float]:
-    """Optuna's importances (PED-ANOVA: no scikit-learn needed) over the complete trials; {} below two of them."""
-    import warnings
-
-    from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
-    from optuna.trial import TrialState
-
-    from contract.search.optuna_objects import load_study
-
-    study = load_study(sweep_dir, layout.load_spec(sweep_dir))
-    if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
-        return {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return dict(get_param_importances(study, evaluator=PedAnovaImportanceEvaluator()))
-        except (ValueError, RuntimeError):
-            return {}
+def no_best(s: Summary) -> str:
+    """Why there is no best: no trial complete yet while some still train or will resume; else how every trial ended
+    and what to change (every one pruned: the pruner or the space; failed: their reasons)."""
+    counts = Counter(r.state for r in s.trials)
+    if not s.trials:
+        return "no trial was trained (the budget was spent before the first)"
+    if set(counts) - {"complete", "pruned", "failed"}:
+        return "no trial complete yet"
+    ended = ", ".join(f"{n} {state}" for state, n in counts.items())
+    said = f"no trial completed with a finite {s.metric} ({ended}): there is no best"
+    loosen = "widen the space, or loosen search.pruner (search.min_improvement=0 turns off the step-0 rule)"
+    if counts.get("pruned") == len(s.trials):
+        return f"{said}; every trial was pruned: {loosen}"
+    if counts.get("pruned"):
+        return f"{said}; the table says why each ended: {loosen}"
+    return f"{said}; the table says why each ended: its reasons are the failures to mend"
 
 
 def main_status(sweep_dir: Path, as_json: bool) -> int:
     print_status(sweep_dir, as_json)
-    return 0
-
-
-def main_report(sweep_dir: Path) -> int:
-    from contract.errors import EXIT_BAD_INPUT, ConfigError
-
-    try:
-        for path in write_report(sweep_dir):
-            print(path)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     return 0

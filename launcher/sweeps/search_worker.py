@@ -30,9 +30,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from contract.errors import EXIT_KILLED, EXIT_STOPPED, ConfigError
 from contract.rundir import ckpt_layout
 from contract.rundir.events import read_events
-from contract.rundir.metrics_file import read_metrics, training_rows
 from contract.search import layout
 from contract.search.optuna_objects import distributions, load_study
+from contract.search.progress import steady_step_seconds, steps_trained
 
 # Tests only: "TRIAL:STEP" makes trial TRIAL's first attempt send this worker the preemption signal after STEP
 # (train/faults/preemption.py's TEST_SIGNAL_ENV with its `parent` target): a USR1 in mid-trial, at a known step.
@@ -62,14 +62,24 @@ class Worker:
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
 
+    def _stop_in_trial(self, signum: int) -> None:
+        """run_local's handlers hold the stop signals during a trial: the flag is set all the same."""
+        self.stopping = True
+
+    def stop_asked(self) -> bool:
+        return self.preempted or self.stopping
+
     # ---- the loop
     def run(self) -> int:
         os.chdir(self.spec.cwd)
         self.install()
-        while not (self.preempted or self.stopping):
+        while not self.stop_asked():
             number = self.take()
             if number is None:
                 return 0
+            if self.stop_asked():  # asked while it took the trial: this worker's own, the next worker resumes it
+                print(f"search worker {self.index}: stop asked: trial {number} is not started", file=sys.stderr)
+                break
             ended = self.train(number)
             if ended == "interrupted":
                 break
@@ -80,6 +90,10 @@ class Worker:
         if self.preempted and task is not None:
             # Ends this task (SLURM signals it again): its state file names the trial the requeued task resumes.
             print(f"search worker {self.index}: preempted: requeueing {task}", file=sys.stderr, flush=True)
+            from contract.container.requeue import ask_host
+
+            if ask_host(task):  # inside a container: the batch shell requeues once srun returns
+                return 0
             out = subprocess.run(["scontrol", "requeue", task], capture_output=True, text=True, timeout=120)
             if out.returncode != 0:
                 print(f"search worker {self.index}: scontrol requeue {task} failed: {out.stderr.strip()}; the same "
@@ -158,11 +172,14 @@ class Worker:
             return self.tell(study, number, run_dir, "fail", reason=str(err))
         except Exception as err:  # a trial that can't be prepared fails alone; the worker goes on
             return self.tell(study, number, run_dir, "fail", reason=f"{type(err).__name__}: {' '.join(str(err).split())}")
+        if self.stop_asked():  # asked while the trial was prepared: nothing trained, it resumes with the worker
+            return "interrupted"
         started = time.time()
         test_hook = self.test_signal(number, run_dir)
         self.in_trial = True
         try:
-            code = run_local(config_path, nproc, handled=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+            code = run_local(config_path, nproc, handled=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
+                             on_signal=self._stop_in_trial)
         finally:
             self.in_trial = False
             if test_hook:
@@ -256,25 +273,6 @@ class Worker:
 
 def label(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
-
-
-def steps_trained(run_dir: Path) -> int:
-    rows = [r for r in read_metrics(run_dir) if "step" in r]
-    latest = ckpt_layout.latest_complete_checkpoint(run_dir)
-    steps = [int(rows[-1]["step"])] if rows else []
-    return max(steps + ([latest.step] if latest else []), default=0)
-
-
-def steady_step_seconds(run_dir: Path) -> float | None:
-    """A trained step's wall time once running: the median, over consecutive logged training rows, of the time between
-    them per step. Start-up, a resume's restart and the odd evaluation or checkpoint fall outside the median (they
-    made a pruned or interrupted trial's time-per-step read several times too high). None below two rows."""
-    import statistics
-
-    rows = [r for r in training_rows(read_metrics(run_dir)) if isinstance(r.get("time"), int | float)]
-    pace = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:], strict=False)
-            if b["step"] > a["step"] and b["time"] >= a["time"]]
-    return statistics.median(pace) if pace else None
 
 
 def failure_reason(run_dir: Path, code: int) -> str:

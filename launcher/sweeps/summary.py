@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from contract.errors import EXIT_KILLED, EXIT_STOPPED
 from contract.rundir import ckpt_layout as layout
 from contract.rundir.metrics_file import read_metrics, training_rows
 from launcher.observe.ranking import rank_runs
-
-if TYPE_CHECKING:
-    from launcher.sweeps.sweep_run import PointRun
+from launcher.sweeps.points import PointRun
 
 
 def last_row(run_dir: Path) -> dict[str, Any]:

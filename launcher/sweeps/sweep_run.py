@@ -9,47 +9,27 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from hydra.errors import HydraException
-from omegaconf import DictConfig, open_dict
-from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import DictConfig
 
 from contract.errors import EXIT_BAD_INPUT, EXIT_KILLED, EXIT_STOPPED, ConfigError, SweepExit
-from contract.rules.sbatch import executor_parameters
+from contract.rules.sbatch import executor_parameters, job_python
 from contract.rundir import ckpt_layout as layout
 from launcher.checks import resume_checks
-from launcher.checks.overrides import override_key, typed_as
-from launcher.plan.launch_plan import Plan, make_plan
+from launcher.checks.overrides import override_key
+from launcher.plan.launch_plan import Plan
 from launcher.run import rundir, slurm
 from launcher.run.remote.hints import follow_command
+from launcher.sweeps.points import PointLoader, PointRun, plan_point
 from launcher.sweeps.summary import print_summary
-from launcher.sweeps.sweepdir import Array, Point, Sweep, load_sweep, save_sweep, swept_label
-
-if TYPE_CHECKING:
-    from launcher.sweeps.sweep import SweepLauncher
+from launcher.sweeps.sweepdir import Array, Sweep, load_sweep, save_sweep
 
 
-@dataclass
-class PointRun:
-    point: Point
-    cfg: DictConfig
-    plan: Plan
-    label: str  # the swept values, e.g. `optim.lr=1e-4 strategy=fsdp`
-    action: str = ""  # finished | live | run (set by classify)
-    detail: str = ""
-    live_job: str = ""
-
-    @property
-    def run_dir(self) -> Path:
-        return self.plan.run_dir
-
-
-def launch_training(launcher: SweepLauncher, job_overrides: Sequence[Sequence[str]],
+def launch_training(launcher: PointLoader, job_overrides: Sequence[Sequence[str]],
                     initial_job_idx: int) -> list[JobReturn]:
     assert launcher.config is not None
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).expanduser().resolve()
@@ -97,36 +77,6 @@ def discard_new_sweep_dir(sweep_dir: Path, created: list[Path]) -> None:
             path.rmdir()
         except OSError:
             return
-
-
-def plan_point(launcher: SweepLauncher, index: int, overrides: Sequence[str], swept: list[str],
-               group: str) -> PointRun:
-    point = Point(index=index, overrides=list(filter_overrides(overrides)), run_dir="")
-    label = swept_label(point.overrides, swept) or point.label
-    try:
-        cfg = launcher.load_point(overrides)
-    except (HydraException, OmegaConfBaseException) as err:  # a misspelled key, a missing group option
-        from launcher.checks.hydra_errors import one_line
-
-        text = str(err) + ("\n" + str(err.__cause__) if err.__cause__ is not None else "")
-        message = one_line(text).removeprefix("error: ")
-        raise ConfigError(f"sweep point {index} ({label}): {message}") from None
-    with open_dict(cfg):
-        if not cfg.logger.group:
-            cfg.logger.group = group  # each point its own wandb run, grouped by the sweep
-    try:
-        with typed_as(overrides):
-            plan = make_plan(cfg)
-        if plan.refusal:
-            raise ConfigError(plan.refusal)
-    except ConfigError as err:
-        raise ConfigError(f"sweep point {index} ({label}): {err}") from None
-    except InterpolationResolutionError as err:
-        from launcher.checks.hydra_errors import interpolation
-
-        raise ConfigError(f"sweep point {index} ({label}): {interpolation(err)}") from None
-    point.run_dir = str(plan.run_dir)
-    return PointRun(point, cfg, plan, label)
 
 
 def check_points(points: list[PointRun]) -> None:
@@ -258,7 +208,8 @@ def _submit_array(group: list[PointRun], sweep: Sweep, sweep_dir: Path) -> str:
 
     cfg, plan = group[0].cfg, group[0].plan
     config_paths = [str(rundir.prepare(p.cfg, p.run_dir, argv=point_command(p), plan=p.plan)) for p in group]
-    executor = submitit.SlurmExecutor(folder=sweep_dir / "slurm", max_num_timeout=cfg.cluster.max_requeues)
+    executor = submitit.SlurmExecutor(folder=sweep_dir / "slurm", max_num_timeout=cfg.cluster.max_requeues,
+                                      python=job_python(cfg))
     executor.update_parameters(**executor_parameters(cfg), array_parallelism=cfg.cluster.array_parallelism)
     executor.update_parameters(job_name=sweep.name)
     try:

@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from contract.config.training import ModelConfig
-from launcher.compose import compose_and_plan
-from tests.dist.workers import _join
+from tests.dist.workers import _join, planned
 from train import distributed
 from train.faults.preemption import TEST_SIGNAL_ENV
 from train.loop import train
@@ -70,9 +69,10 @@ def compare_logits(rank: int, world: int, out_dir: str) -> None:
     torch.save(out, Path(out_dir) / f"logits_rank{rank}.pt")
 
 
-def run_all(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list[str]], logits: bool) -> None:
+def run_all(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list[str]], logits: bool,
+            stop_at: int = 10) -> None:
     """One process group for everything: the logits comparison (`logits`, on 2 ranks), then each run's losses; a
-    run named *-stopped gets the preemption signal after step 10 (rank 0) and the next run, of the same name
+    run named *-stopped gets the preemption signal after step `stop_at` (rank 0) and the next run, of the same name
     without the suffix, resumes it in the same run directory."""
     env = _join(rank, world, port)
     try:
@@ -80,12 +80,12 @@ def run_all(rank: int, world: int, port: int, out_dir: str, runs: dict[str, list
             compare_logits(rank, world, out_dir)
         for name, overrides in runs.items():
             run_name = name.removesuffix("-stopped")
-            cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1",
-                                       f"run.root={out_dir}", f"run.name={run_name}", *overrides])
+            cfg = planned([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1", f"run.root={out_dir}",
+                           f"run.name={run_name}", *overrides])
             run_dir = Path(out_dir) / run_name
             run_dir.mkdir(parents=True, exist_ok=True)
             if name.endswith("-stopped"):
-                os.environ[TEST_SIGNAL_ENV] = "10:0"
+                os.environ[TEST_SIGNAL_ENV] = f"{stop_at}:0"
             try:
                 result = train(cfg, env, torch.device("cpu"), run_dir)
             finally:

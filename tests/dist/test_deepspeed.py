@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.dist
 ZERO = ["zero1", "zero2", "zero3", "zero3_offload"]
 # The same global batch of 16 sequences everywhere: micro 4 x accumulation 2 x 2 ranks for ZeRO in fp32 (the
 # reference of the resume test too), micro 8 x 2 ranks in low precision, micro 16 on one process.
-FP32 = ["precision=fp32", "trainer.max_steps=12", "trainer.micro_batch_size=4", "trainer.grad_accum_steps=2"]
+STEPS, STOP = 8, 4
+FP32 = ["precision=fp32", f"trainer.max_steps={STEPS}", "trainer.micro_batch_size=4", "trainer.grad_accum_steps=2"]
 LOW = ["trainer.max_steps=3", "trainer.micro_batch_size=8"]
 
 
@@ -47,7 +49,7 @@ def losses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, floa
     runs.update({f"{s}-{p}": [f"strategy={s}", f"precision={p}", *LOW] for s in ZERO for p in LOW_PRECISIONS})
     got = _spawn(tmp_path_factory.mktemp("zero"), 2, runs)
     # One process: the plain model, and ZeRO-2 on a world of one (DeepSpeed still needs a process group).
-    one = ["trainer.max_steps=12", "trainer.micro_batch_size=16"]
+    one = [f"trainer.max_steps={STEPS}", "trainer.micro_batch_size=16"]
     got.update(_spawn(tmp_path_factory.mktemp("one"), 1, {"single": ["strategy=single", *one],
                                                           "zero2-world1": ["strategy=zero2", *one]}))
     return got
@@ -57,7 +59,7 @@ def losses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, floa
 def test_every_precision_trains(strategy: str, losses: dict[str, dict[int, float]]) -> None:
     for precision in ["fp32", *LOW_PRECISIONS]:
         got = losses[f"{strategy}-{precision}"]
-        assert sorted(got) == list(range(1, 13 if precision == "fp32" else 4)), precision
+        assert sorted(got) == list(range(1, STEPS + 1 if precision == "fp32" else 4)), precision
         assert all(math.isfinite(v) for v in got.values()), (precision, got)
         assert got[3] < got[1], (precision, got)  # it learns
         # DeepSpeed's bf16 holds the weights in bf16 (fp32 master copy in the optimizer): close, not equal.
@@ -68,7 +70,7 @@ def test_every_precision_trains(strategy: str, losses: dict[str, dict[int, float
 def test_fp32_matches_one_process_on_the_same_global_batch(strategy: str,
                                                            losses: dict[str, dict[int, float]]) -> None:
     got, expected = losses[f"{strategy}-fp32"], losses["single"]
-    assert sorted(got) == sorted(expected) == list(range(1, 13))
+    assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=1e-4), step
 
@@ -85,31 +87,37 @@ def test_fp16_without_gpus_is_refused_before_anything_runs(run_root: Path) -> No
     assert not (run_root / "fp16").exists()
 
 
-def test_deepspeed_checkpoint_refuses_another_world_size(run_root: Path) -> None:
-    common = ["strategy=zero2", "trainer.global_batch_size=16", "trainer.log_every=1", "logger.backend=none",
-              f"run.root={hq(run_root)}", "run.name=resize"]
-    first = launch(*common, "local.nproc=2", "trainer.max_steps=2")
-    assert first.returncode == 0, first.stderr[-3000:]
-    out = launch(*common, "local.nproc=1", "trainer.max_steps=4")
-    assert out.returncode == 2
-    assert "written by 2 ranks and DeepSpeed checkpoints resume only on 2 ranks" in out.stderr
+@pytest.fixture(scope="module")
+def split_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, list[str]]]:
+    """strategy -> (run directory, its command's overrides): the FP32 run stopped after step STOP by a signal and
+    resumed by the same command, made once for every test that reads it."""
+    made: dict[str, tuple[Path, list[str]]] = {}
+
+    def split(strategy: str) -> tuple[Path, list[str]]:
+        if strategy not in made:
+            root = tmp_path_factory.mktemp(f"split {strategy}'s")  # shell-hostile, as run_root
+            common = [f"strategy={strategy}", *FP32, "trainer.log_every=1", "local.nproc=2", "logger.backend=none",
+                      f"run.root={hq(root)}", "run.name=split"]
+            stopped = launch(*common, SLURMTRAIN_TEST_SIGNAL=f"{STOP}:1")
+            assert stopped.returncode == EXIT_STOPPED, stopped.stderr[-3000:]
+            resumed = launch(*common)
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
+            assert "resumed from" in resumed.stderr and f"step {STOP}," in resumed.stderr
+            made[strategy] = (root / "split", common)
+        return made[strategy]
+
+    return split
 
 
 # Resume per partitioning: stage 2 (optimizer and gradients) and stage 3 with offload (parameters too, optimizer
 # in host memory); stages 1 and 3 save and load through the same engine calls.
 @pytest.mark.parametrize("strategy", ["zero2", "zero3_offload"])
-def test_stop_at_7_resume_equals_the_uninterrupted_run(strategy: str, run_root: Path,
-                                                       losses: dict[str, dict[int, float]]) -> None:
-    common = [f"strategy={strategy}", *FP32, "trainer.log_every=1", "local.nproc=2", "logger.backend=none",
-              f"run.root={hq(run_root)}", "run.name=split"]
-    stopped = launch(*common, SLURMTRAIN_TEST_SIGNAL="7:1")
-    assert stopped.returncode == EXIT_STOPPED, stopped.stderr[-3000:]
-    resumed = launch(*common)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stderr and "step 7," in resumed.stderr
-    rows = read_metrics(run_root / "split")
+def test_stop_and_resume_equals_the_uninterrupted_run(strategy: str, split_runs: Callable[[str], tuple[Path, list[str]]],
+                                                      losses: dict[str, dict[int, float]]) -> None:
+    run_dir, _ = split_runs(strategy)
+    rows = read_metrics(run_dir)
     got = {r["step"]: r["loss"] for r in rows}
-    assert [r["step"] for r in rows] == list(range(1, 13))  # every step logged once
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # every step logged once
     expected = losses[f"{strategy}-fp32"]  # the same config, uninterrupted (in the spawn above)
     if strategy == "zero3_offload":
         # DeepSpeedCPUAdam keeps beta**t as a running product in C++; a fresh process recomputes it with pow():
@@ -118,9 +126,8 @@ def test_stop_at_7_resume_equals_the_uninterrupted_run(strategy: str, run_root: 
     else:
         assert got == expected  # bitwise
 
-    run_dir = run_root / "split"
     trainer = OmegaConf.load(run_dir / "config.yaml").trainer
-    assert [c.step for c in layout.list_checkpoints(run_dir)] == [7, 12]
+    assert [c.step for c in layout.list_checkpoints(run_dir)] == [STOP, STEPS]
     for ckpt in layout.list_checkpoints(run_dir):
         assert (ckpt.path / layout.MARKER).is_file()
         assert (ckpt.path / "model_optim").is_dir()  # DeepSpeed's own files, one set per rank
@@ -132,3 +139,13 @@ def test_stop_at_7_resume_equals_the_uninterrupted_run(strategy: str, run_root: 
         assert ds["zero_optimization"]["stage"] == (1 if strategy == "zero1" else 2 if strategy == "zero2" else 3)
         assert ("offload_optimizer" in ds["zero_optimization"]) == (strategy == "zero3_offload")
     assert json.loads((run_dir / "ds_config.json").read_text()) == ds  # and in the run directory
+
+
+def test_deepspeed_checkpoint_refuses_another_world_size(split_runs: Callable[[str], tuple[Path, list[str]]]) -> None:
+    """The zero2 run above, written by 2 ranks, asked to go on (the same global batch) on one."""
+    run_dir, common = split_runs("zero2")
+    before = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*"))
+    out = launch(*common, "local.nproc=1", "trainer.grad_accum_steps=4", f"trainer.max_steps={STEPS + 4}")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "written by 2 ranks and DeepSpeed checkpoints resume only on 2 ranks" in out.stderr
+    assert sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")) == before

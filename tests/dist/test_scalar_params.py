@@ -22,7 +22,7 @@ pytestmark = pytest.mark.dist
 SCALARS = ("temperature", "layers.0.gain", "layers.1.gain")
 MODEL = ("model._target_=tests.fixtures.user_models.ScaledLM", "+model.args.vocab_size=256", "local.nproc=2",
          # Gradients accumulate over 2 micro steps before they are averaged; hsdp: 2 replicas of 1 shard.
-         "trainer.grad_accum_steps=2", "trainer.log_every=1", "logger.backend=none", "strategy.replicate_degree=2")
+         "trainer.grad_accum_steps=2", "trainer.log_every=1", "logger.backend=none")
 
 
 def _export(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -34,10 +34,14 @@ def _export(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_scalar_parameters_train_under_fsdp_as_under_ddp(run_root: Path) -> None:
-    out = launch("-m", *MODEL, "strategy=ddp,fsdp,hsdp", "trainer.max_steps=6", f"run.root={hq(run_root)}",
+    out = launch("-m", *MODEL, "strategy=ddp,fsdp", "trainer.max_steps=6", f"run.root={hq(run_root)}",
                  "launcher.sweep_name=scalars", timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    points = [Path(p.run_dir) for p in load_sweep(run_root / "sweeps" / "scalars").points]
+    # hsdp with 2 replicas of 1 shard: strategy.replicate_degree is hsdp's alone (ddp and fsdp refuse it, unread).
+    hsdp = launch(*MODEL, "strategy=hsdp", "strategy.replicate_degree=2", "trainer.max_steps=6",
+                  f"run.root={hq(run_root)}", "run.name=hsdp", timeout=600)
+    assert hsdp.returncode == 0, hsdp.stderr[-3000:]
+    points = [Path(p.run_dir) for p in load_sweep(run_root / "sweeps" / "scalars").points] + [run_root / "hsdp"]
     runs = {OmegaConf.load(run_dir / "config.yaml").strategy.name: run_dir for run_dir in points}
     assert sorted(runs) == ["ddp", "fsdp", "hsdp"]
     losses = {name: [r["loss"] for r in read_metrics(run_dir)] for name, run_dir in runs.items()}

@@ -137,7 +137,7 @@ def test_a_crashed_trial_is_failed_with_its_reason_and_the_worker_goes_on(run_ro
     assert [t.state.name for t in ts] == ["COMPLETE", "FAIL"]
     assert "injected failure on rank 0 at step 3" in ts[1].user_attrs["reason"]
     status = launch_module("launcher.status", sweep_dir, "--json")
-    rows = json.loads(status.stdout)["trials"]
+    rows = json.loads(status.stdout)["rows"]
     assert rows[1]["state"] == "failed" and "injected failure" in rows[1]["reason"]
     # The budget: raising n_trials continues the study, but the GPU-hours are spent: no new trial, nothing trained.
     more = search(run_root, "crash", *args, "search.n_trials=4", "search.max_gpu_hours=1e-9")

@@ -79,6 +79,8 @@ def test_every_strategy_and_feature_reads_nothing_in_a_steady_step(tmp_path: Pat
         # document masking; an asynchronous checkpoint at step 3, step 5 after it
         "fsdp-docs-save": ["strategy=fsdp", *data["docs"], "trainer.ckpt_every=3", "checkpoint.async_save=true"],
         "hsdp": ["strategy=hsdp"],
+        # the loss fused with the output layer (trainer.loss_impl=fused), with z-loss and targets that don't count
+        "fsdp-fused-loss": ["strategy=fsdp", "trainer.loss_impl=fused", "optim.z_loss=1e-4", *data["sft"]],
         "tp2": ["strategy=fsdp", "parallel.tp=2", *untied],
         "pp2-sft": ["strategy=fsdp", "parallel.pp=2", *untied, *data["sft"], "trainer.micro_batch_size=1"],
     }

@@ -29,9 +29,11 @@ def _run(run_root: Path, name: str, *extra: str) -> list[dict]:
 
 def test_metrics_have_sane_telemetry_fields(run_root: Path) -> None:
     out = launch("local.nproc=2", "logger.backend=none", f"run.root={hq(run_root)}", "run.name=t",
-                 "trainer.max_steps=6", "trainer.log_every=2", "precision=fp16", "telemetry.peak_tflops=0.5")
+                 "trainer.max_steps=6", "trainer.log_every=2", "precision=fp16", "telemetry.peak_tflops=0.5",
+                 "eval.every=4")
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = read_metrics(run_root / "t")
+    rows = [r for r in read_metrics(run_root / "t") if "loss" in r]
+    assert any("val/loss" in r or any(k.startswith("val/") for k in r) for r in rows)  # a validation step's row
     cfg = OmegaConf.load(run_root / "t" / "config.yaml")
     per_token = flops_per_token(cfg.model, cfg.data.seq_len)
     assert [r["step"] for r in rows] == [1, 2, 4, 6]
@@ -44,13 +46,11 @@ def test_metrics_have_sane_telemetry_fields(run_root: Path) -> None:
         assert r["peak_mem_gib"] == max(r["rank_peak_mem_gib"]) > 0.05  # a Python process with torch loaded
         # Both ranks run here: one node whose throughput is the run's, and the TFLOP/s that throughput implies.
         assert list(r["tokens_per_s_by_node"]) == [HOST]
-        # The node's throughput is its ranks' step rates summed; the run's tokens_per_s is wall-clock time between
-        # rows, which also holds the log steps' work and, on a loaded machine, time the ranks wait descheduled: the
-        # node's figure is never far below it, and may be above it.
+        # One host trains all of the run's tokens: its throughput is the run's, on the same clock, validation steps
+        # included (issue 48, item 3: 16,156 against 27,109 at a validation step, about 10% apart elsewhere).
+        assert r["tokens_per_s_by_node"][HOST] == pytest.approx(r["tokens_per_s"], rel=1e-9), r
         per_rank_step = cfg.trainer.micro_batch_size * cfg.trainer.grad_accum_steps * cfg.data.seq_len
         rates = [per_rank_step / t for t in r["rank_step_time_s"]]
-        assert r["tokens_per_s_by_node"][HOST] == pytest.approx(sum(rates), rel=1e-6)
-        assert r["tokens_per_s_by_node"][HOST] >= 0.85 * r["tokens_per_s"]
         assert r["tflops"] > 0
         assert r["tflops"] == pytest.approx(sum(rates) / 2 * per_token / 1e12, rel=1e-6)
         assert r["mfu"] == pytest.approx(r["tflops"] / 0.5)
@@ -71,7 +71,7 @@ def test_a_device_counts_its_share_of_the_sequences_its_replica_trains(run_root:
         rates = [share / t for t in r["rank_step_time_s"]]
         assert r["tflops"] == pytest.approx(sum(rates) / 2 * per_token / 1e12, rel=1e-6)
         # the node trains the run's tokens (one replica), not twice them
-        assert 0.85 * r["tokens_per_s"] <= r["tokens_per_s_by_node"][HOST] < 1.6 * r["tokens_per_s"], r
+        assert r["tokens_per_s_by_node"][HOST] == pytest.approx(r["tokens_per_s"], rel=1e-9), r
 
 
 def test_a_slow_rank_is_reported_with_its_host(run_root: Path) -> None:

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
 
 from launcher.compose import compose_and_plan
 from train import distributed
 from train.loop import train
+
+_PLANNED: dict[tuple[str, ...], DictConfig] = {}
+
+
+def planned(overrides: list[str]) -> DictConfig:
+    """compose_and_plan's config of these overrides, composed by rank 0 and sent to the others, once per process for
+    the same overrides (a compose costs about 0.3 CPU seconds: once a run, not once a rank and attempt, on the 2
+    cores the suite shares); a fresh copy each call, as a new compose would give."""
+    key = tuple(overrides)
+    if key not in _PLANNED:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            box = [compose_and_plan(overrides)[0] if dist.get_rank() == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            _PLANNED[key] = box[0]
+        else:
+            _PLANNED[key] = compose_and_plan(overrides)[0]
+    return copy.deepcopy(_PLANNED[key])
 
 
 def _join(rank: int, world: int, port: int) -> distributed.DistEnv:
@@ -24,7 +44,7 @@ def _join(rank: int, world: int, port: int) -> distributed.DistEnv:
 
 def train_and_dump_params(rank: int, world: int, port: int, out_dir: str, overrides: list[str]) -> None:
     env = _join(rank, world, port)
-    cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", *overrides])
+    cfg = planned([f"local.nproc={world}", "logger.backend=none", *overrides])
     try:
         result = train(cfg, env, torch.device("cpu"), Path(out_dir))
         flat = torch.cat([p.detach().flatten() for p in result.model.parameters()])
@@ -38,8 +58,7 @@ def train_several(rank: int, world: int, port: int, out_dir: str, runs: dict[str
     env = _join(rank, world, port)
     try:
         for name, overrides in runs.items():
-            cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1",
-                                       *overrides])
+            cfg = planned([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1", *overrides])
             run_dir = Path(out_dir) / name
             run_dir.mkdir(parents=True, exist_ok=True)
             result = train(cfg, env, torch.device("cpu"), run_dir)
@@ -58,8 +77,8 @@ def train_and_dump_full_model(rank: int, world: int, port: int, out_dir: str, ru
     env = _join(rank, world, port)
     try:
         for name, overrides in runs.items():
-            cfg, _ = compose_and_plan([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1",
-                                       f"run.root={out_dir}", f"run.name={name}", *overrides])
+            cfg = planned([f"local.nproc={world}", "logger.backend=none", "trainer.log_every=1", f"run.root={out_dir}",
+                           f"run.name={name}", *overrides])
             run_dir = Path(out_dir) / name
             run_dir.mkdir(parents=True, exist_ok=True)
             result = train(cfg, env, torch.device("cpu"), run_dir)

@@ -110,3 +110,24 @@ def test_scancel_of_an_array_task_then_of_the_array_whose_rank_dies_of_it_is_not
         # Rank 0 fails of the lost connection and says so, unless the cancel reached it first and its stop was
         # agreed before rank 1 died (SLURM signals the two nodes' tasks a moment apart): either way a cancel.
         assert "peer" in cancelled.get("error", "peer"), cancelled
+
+
+def test_usr1_to_the_batch_shell_alone_is_passed_to_the_ranks_as_its_line_says(run_root: Path,
+                                                                               cancel_afterwards: list[str]) -> None:
+    """`scancel --signal=USR1 --batch` reaches the batch shell alone. Its trap said "the training ranks checkpoint
+    and requeue", once the job had ended, and nothing did either; the shell now passes the signal to the ranks at
+    once, and what its line says happens: they checkpoint and the job requeues itself."""
+    out = launch(*COMMON, f"run.root={hq(run_root)}", "run.name=batchsig")
+    assert out.returncode == 0, out.stderr[-3000:]
+    job_id, run_dir = submitted_job_id(out.stdout), run_root / "batchsig"
+    cancel_afterwards.append(job_id)
+    poll(lambda: logged_steps(run_dir) >= 3, 180, "training to start")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+    poll(lambda: "REQUEUED" in _history(job_id) and read_events(run_dir), 180, f"job {job_id} to requeue itself")
+    events = read_events(run_dir)
+    assert events[-1]["kind"] == "preempted" and "crashed" not in [e["kind"] for e in events], events
+    latest = layout.latest_complete_checkpoint(run_dir)
+    assert latest is not None and latest.step == events[-1]["step"]
+    logs = "".join(p.read_text() for p in (run_dir / "slurm").glob(f"{job_id}_*log.err"))
+    assert "batch shell: got SIGUSR1: passed to the training ranks: they checkpoint and requeue" in logs, logs[-3000:]
+    subprocess.run(["scancel", job_id], check=True)  # the requeued attempt is not needed

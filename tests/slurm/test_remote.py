@@ -5,11 +5,14 @@ a snapshot is copied once, and each failure is one line, exit 2, with nothing su
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,14 +62,18 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
               "+remote=test")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "dry run: this array would run points 0, 1" in dry.stdout + dry.stderr
-    snap_id = re.search(r"snapshot (\w+) copied", dry.stderr).group(1)  # type: ignore[union-attr]
+    snap_id = re.search(r"snapshot (\w+) \(commit \w+\) copied", dry.stderr).group(1)  # type: ignore[union-attr]
+    assert "; secrets withheld: .env" in dry.stderr  # named, not only left out
+    # The dry run imported the project's model.py there: its bytecode went into the snapshot, named by its content.
+    assert not list((workdir / "snapshots" / snap_id).rglob("__pycache__")), "bytecode written into the snapshot"
     # A commit that changes no shipped file is the same snapshot, on the cluster already: not copied. The run
     # records this launch's commit (it recorded the first launch's, from the snapshot's manifest).
     git = ["git", "-C", str(project), "-c", "user.email=t@example.com", "-c", "user.name=t"]
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "no shipped change"], check=True)
     out = run(project, env, "-m", "launcher", *PROJECT, "run.name=laptop_run", "+remote=test")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"snapshot {snap_id} already on" in out.stderr
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert f"snapshot {snap_id} (commit {head[:12]}) already on" in out.stderr  # this launch's commit, not the first's
     # Its status line is the laptop's command (NAME:PATH), not the login node's path.
     status_line = next(line.strip() for line in out.stdout.splitlines() if line.strip().startswith("status:"))
     assert status_line.split(None, 1)[1] == "python -m launcher.status --config-dir conf test:outputs/laptop_run"
@@ -78,6 +85,8 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     shipped = [f["path"] for f in json.loads((workdir / "snapshots" / snap_id / MANIFEST).read_text())["files"]]
     assert "model.py" in shipped and ".env" not in shipped  # secrets stay here
     assert wait_terminal(job_id) == "COMPLETED"
+    # its ranks imported model.py from the snapshot too: their bytecode went to WORKDIR/.pycache (the environment)
+    assert not list((workdir / "snapshots" / snap_id).rglob("__pycache__")), "the job wrote bytecode into it"
     environment = json.loads((workdir / "outputs" / "laptop_run" / "environment.json").read_text())
     commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
     assert environment["snapshot"]["id"] == snap_id
@@ -93,7 +102,8 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     (project / "data.py").write_text((project / "data.py").read_text() + "\n# edited\n")
     edited = run(project, env, "-m", "launcher", *PROJECT, "launcher.dry_run=true", "+remote=test")
     assert edited.returncode == 0, edited.stderr[-3000:]
-    new_id = re.search(r"snapshot (\w+) copied", edited.stderr).group(1)  # type: ignore[union-attr]
+    new_id = re.search(r"snapshot (\w+) \(commit \w+, with uncommitted changes\) copied",
+                       edited.stderr).group(1)  # type: ignore[union-attr]
     assert sorted(p.name for p in snapshots(workdir)) == sorted([snap_id, new_id])
     old_dir, new_dir = workdir / "snapshots" / snap_id, workdir / "snapshots" / new_id
     assert (new_dir / "corpus.txt").stat().st_ino == (old_dir / "corpus.txt").stat().st_ino
@@ -118,7 +128,27 @@ def test_a_session_submits_the_snapshot_once_and_brings_results_here(laptop: tup
     pulled = project / "outputs" / "laptop_run" / "export" / "step_4.safetensors"
     assert f"here: {pulled}" in export.stdout and pulled.stat().st_size > 0
 
-    # One login for the whole session: two submissions, the copy, status, report and export.
+    # Extending the run after an edit of the model's code resumed its checkpoint with the new code, the plan silent.
+    # An edit that keeps the parameters: the plan names the snapshot that trained the checkpoint and the file.
+    (project / "model.py").write_text(original + "\n# a comment\n")
+    longer = ["run.name=laptop_run", "trainer.max_steps=8", "+remote=test"]
+    commented = run(project, env, "-m", "launcher", *PROJECT, *longer, "launcher.dry_run=true")
+    assert commented.returncode == 0, commented.stderr[-3000:]
+    assert re.search(rf"code: snapshot \w+ is not snapshot {snap_id}, which trained step_4; changed: data.py, "
+                     r"model.py; the checkpoint's \d+ tensors fit", commented.stdout + commented.stderr), \
+        commented.stdout + commented.stderr
+    # One that adds a parameter: refused before anything is submitted, naming it and the file.
+    (project / "model.py").write_text(original.replace("        self.norm = nn.LayerNorm(dim)\n",
+                                                       "        self.norm = nn.LayerNorm(dim)\n"
+                                                       "        self.extra = nn.Linear(dim, dim)\n", 1))
+    grown = run(project, env, "-m", "launcher", *PROJECT, *longer)
+    last = grown.stderr.strip().splitlines()[-1]
+    assert grown.returncode == 2 and last.startswith("error: the checkpoint this run resumes, "), grown.stderr[-3000:]
+    assert "extra.weight" in last and last.endswith("which trained step_4; changed: data.py, model.py)"), last
+    assert queued_jobs_named("laptop_run") == []
+    (project / "model.py").write_text(original)
+
+    # One login for the whole session: the submissions, the copies, status, report and export.
     assert authentications() - logins_before == 1
 
 
@@ -190,3 +220,39 @@ def test_through_a_jump_host_a_session_is_still_one_login(laptop: tuple[Path, Pa
                             capture_output=True, check=False)
     assert closed.returncode == 0, closed.stderr  # the master was there (ssh's %C includes the jump host)
     shutil.rmtree(fresh["SLURMTRAIN_SSH_CONTROL_DIR"])
+
+
+def test_ctrl_c_during_the_copy_is_one_line_and_leaves_nothing_there(laptop: tuple[Path, Path, dict],
+                                                                       tmp_path: Path) -> None:
+    """It blamed rsync ("check that rsync is installed there") and left .incoming-* on the login node."""
+    project, workdir, env = laptop
+    real = shutil.which("rsync")
+    assert real is not None
+    slow = tmp_path / "rsync"  # this side's rsync, slowed down: the copy is under way when Ctrl-C comes
+    slow.write_text(f'#!/bin/sh\nexec {real} --bwlimit=50 "$@"\n')
+    slow.chmod(0o755)
+    big = project / "interrupted.bin"
+    big.write_bytes(os.urandom(1_000_000))
+    snaps = workdir / "snapshots"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", *PROJECT, "launcher.dry_run=true", "+remote=test"],
+                            cwd=project, env=launcher_env(**env, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # as a terminal starts it: a shell's background job (make test &) inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 180
+        while not any(any(p.rglob("*interrupted.bin*")) for p in snaps.glob(".incoming-*")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the copy never started"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        _, err = proc.communicate(timeout=120)
+    finally:
+        big.unlink()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "launcher: interrupted (Ctrl-C) while copying the project to slurmtrain-sshd (the part copied there is "
+        "removed): nothing was submitted; run the same command again"), err
+    assert "rsync" not in err
+    assert list(snaps.glob(".incoming-*")) == []
+

@@ -36,7 +36,7 @@ def reported(sweep_dir: Path) -> Counter[tuple[int, int]]:
 
 
 def array_id(stdout: str) -> str:
-    found = re.search(r"submitted array (\d+): ", stdout)
+    found = re.search(r"submitted (?:array|job) (\d+): ", stdout)
     assert found, stdout
     return found.group(1)
 
@@ -91,19 +91,23 @@ def test_scancel_then_the_same_command_continues_the_study(run_root: Path) -> No
 
 
 def test_usr1_to_a_worker_requeues_it_and_it_resumes_its_trial(run_root: Path) -> None:
-    """A preemption signal to the worker's task: the trial checkpoints, the worker requeues its task, and the task,
-    started again, resumes that same trial from its checkpoint (reporting no value twice)."""
+    """A preemption signal to the worker's batch shell (`scancel --signal=USR1 --batch`), which passes it to the worker:
+    the trial checkpoints, the worker requeues its task, and the task, started again, resumes that same trial from
+    its checkpoint (reporting no value twice)."""
     from tests.slurm.helpers import release_requeued, wait_terminal
 
     args = [*COMMON, *TRIAL, "optim.lr=tag(log,interval(1e-3,1e-2))", "search.n_trials=1", "search.parallel=1",
             f"run.root={hq(run_root)}", "launcher.sweep_name=preempted"]
     out = launch(*args, cwd=run_root)
     assert out.returncode == 0, out.stderr[-3000:]
+    # One worker is a plain job, and said so: 'submitted array' named no array, and JOB_0 was no id (issue 48 item 10).
+    assert re.search(r"submitted job \d+: 1 search worker\n", out.stdout), out.stdout
     job = array_id(out.stdout)
     run_dir = layout.trial_dir(run_root / "sweeps" / "preempted", 0)
     poll(lambda: (c := ckpt_layout.latest_complete_checkpoint(run_dir)) is not None and c.step >= 10, 300,
          "the trial's first checkpoint", interval=0.2)
-    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    # --batch: the batch shell alone gets it; it said the ranks checkpoint and requeue, and nothing did (item 7).
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
     release_requeued(job)
     assert wait_terminal(job, timeout=300) == "COMPLETED"
     sweep_dir = run_root / "sweeps" / "preempted"

@@ -76,7 +76,8 @@ CASES = [
     Case("verify-choice", ("checkpoint.verify=fast",), "checkpoint.verify=fast is not one of size, full"),
     Case("unknown-key", ("+trainer.foo=1",), "trainer.foo is not a slurmtrain key: drop +trainer.foo"),
     Case("misspelled-key", ("trainer.max_step=3",), "did you mean trainer.max_steps?"),
-    Case("wrong-type", ("trainer.max_steps=many",), "give trainer.max_steps a value of its type"),
+    Case("wrong-type", ("trainer.max_steps=many",), "trainer.max_steps takes a whole number and 'many' is "
+                                                         "not one: write trainer.max_steps=N"),
     # an integer key typed as a float: the integer meant is the fix (it said "Value '100.0' of type 'float' could not
     # be converted to Integer")
     Case("int-as-exponent", ("data.seq_len=1e2",), "data.seq_len takes an integer, and 1e2 reads as the float 100.0: "
@@ -134,7 +135,7 @@ CASES = [
     Case("secret-in-cluster-env", (*CLUSTER, "+cluster.env.WANDB_API_KEY=abc"), "secrets are never written into "
                                                                               "sbatch scripts"),
     # -- cluster settings -----------------------------------------------------------------------------------------
-    Case("cluster-missing", ("+cluster=nope",), "choose cluster= one of"),
+    Case("cluster-missing", ("+cluster=nope",), "choose +cluster= one of"),
     Case("cluster-torchrun", (*CLUSTER, "cluster.launch=torchrun"), "use cluster.launch=srun"),
     Case("cluster-time-limit", (*CLUSTER, "cluster.time_limit_min=1"), "raise cluster.time_limit_min above 2"),
     Case("cluster-signal", (*CLUSTER, "cluster.signal=KILL"), "is not a signal the ranks can catch: use USR1"),
@@ -285,6 +286,32 @@ CASES = [
     Case("eval-tokens-no-path", ("eval.every=5", "eval.sets.held.kind=tokens"),
          "eval.sets.held.kind=tokens needs eval.sets.held.path=FILE"),
     Case("eval-every-negative", ("eval.every=-1",), "set eval.every to a value at least 0"),
+    # -- a new user's trial (issue 48, fourth round): accepted in silence, or refused in a library's words --------
+    Case("eval-batches-unread", ("eval.batches=3",), "eval.batches=3 has no effect with eval.every=0 (no "
+                                                     "validation) (nothing else reads it): drop it, or set eval.every=N"),
+    Case("telemetry-unread", ("telemetry.enabled=false", "telemetry.straggler_intervals=5"),
+         "telemetry.straggler_intervals=5 has no effect with telemetry.enabled=false"),
+    Case("zero-stage-contradicts", ("strategy=zero3", "strategy.zero_stage=1"), "strategy.zero_stage=1 contradicts "
+         "strategy=zero3 (ZeRO stage 3): choose strategy=zero1 and drop strategy.zero_stage"),
+    # the batch check named "a multiple of 32", which the resume check then refused: both keep the saved batch
+    Case("resume-batch", ("run.name=done", "local.nproc=4", "trainer.global_batch_size=8", "trainer.max_steps=300"),
+         "set trainer.micro_batch_size=2 (8 = 2 x 4 data-parallel rank(s) x 1 accumulation step(s)); the run being "
+         "resumed keeps trainer.global_batch_size=8", absent="multiple of"),
+    Case("cluster-without-plus", ("cluster=local_slurm",), "cluster=local_slurm: cluster has no default to override, "
+                                                           "so it is added with a +: write +cluster=local_slurm"),
+    Case("cluster-without-plus-unknown", ("cluster=nope",), "write +cluster=NAME, NAME one of a100x16, "),
+    Case("strategy-with-plus", ("+strategy=fsdp",), "+strategy=fsdp: strategy has a default (ddp), so it is chosen "
+                                                    "without a +: write strategy=fsdp"),
+    Case("model-with-plus", ("+model=tiny",), "+model=tiny: model has a default (tiny), so it is chosen without a +"),
+    Case("model-with-plus-unknown", ("+model=nope",), "+model=nope: no model option nope, and model is chosen "
+                                                      "without a +: write model=NAME, NAME one of gpt2_124m, "),
+    Case("dict-key-misspelled", ("trainer={max_stesp:5}",), "trainer.max_stesp is not a slurmtrain key: did you mean "
+                                                            "trainer.max_steps?"),
+    Case("dict-value-type", ("trainer={max_steps:abc}",), "trainer.max_steps takes a whole number and 'abc' is not "
+                                                          "one: write trainer.max_steps=N"),
+    Case("remote-port-type", ("+remote=local_sshd", "remote.port=abc"), "remote.port=abc: remote.port takes an "
+                                                                        "integer port 1-65535 (ssh -p)"),
+    Case("cfg-choice", ("--cfg", "jbo"), "--cfg jbo is not one of job, hydra, all: did you mean --cfg job?"),
 ]
 
 
@@ -362,7 +389,7 @@ class Outcome:
 # sweeper plugin), a user's model (the probe's child process, --config-dir), a credential (the environment), a
 # relative path (the working directory), a project's YAML.
 REAL_PROCESS = ("lr-negative", "grammar", "sweep-point", "target-args", "online-bad-key", "tokens-missing",
-                "project-yaml-syntax")
+                "project-yaml-syntax", "cfg-choice")
 
 
 def _run(case: Case, base: Path, real_process: bool = False) -> Outcome:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train.loop as loop
-from bench.loop_overhead_gpu import GPU_CASES, SyncCounter
+from bench.loop_overhead_gpu import GPU_CASES, GPU_COMMON, SyncCounter
 
 
 def test_syncs_are_counted_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,4 +38,19 @@ def test_syncs_are_counted_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_arm_covers_the_rows_of_issue_35() -> None:
-    assert set(GPU_CASES) == {"gpt2_124m mb8", "gpt2_350m mb8", "gpt2_350m mb16", "llama3_1b mb8", "llama3_1b mb8 fp8"}
+    assert set(GPU_CASES) == {"gpt2_124m mb8", "gpt2_350m mb8", "gpt2_350m mb16", "llama3_1b mb8", "llama3_1b mb8 fp8",
+                              "llama3_8b_w4l mb8", "llama3_8b_w4l mb8 fp8"}
+
+
+def test_the_8b_width_row_is_llama3_8bs_width_with_few_layers_and_names_its_bf16_layers() -> None:
+    """Issue 46 item 2: the GPU arm's 8B-width rows (not run here: they need a GPU) compose to Llama 3 8B's width, and
+    the fp8 row's plan line names the layers torchao's size rule keeps in bf16."""
+    from contract.rules.float8 import plan_line
+    from launcher.compose import compose_config
+
+    cfg = compose_config([*GPU_COMMON, *GPU_CASES["llama3_8b_w4l mb8 fp8"]])
+    m = cfg.model
+    assert (m.d_model, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.n_layers) == (4096, 32, 8, 14336, 4)
+    line = plan_line(cfg)
+    assert "each block's 5 linear layers in float8" in line and "attn.k (4096 -> 1024), attn.v (4096 -> 1024) stay " \
+        "in bf16" in line, line

@@ -4,6 +4,7 @@ traceback, Ctrl-C in `launcher.sample` a 62-line KeyboardInterrupt one)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +68,11 @@ def test_ctrl_c_while_the_launcher_imports_is_one_line_and_exit_130(tmp_path: Pa
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
     env = {**launcher_env(), "PYTHONPATH": f"{fake.parent}:{ROOT}"}
+    # As a terminal starts it: Ctrl-C raises. A shell's background job (`make test &`) inherits SIGINT ignored, where
+    # the launcher rightly leaves it ignored and this test would prove nothing.
     out = subprocess.run([sys.executable, "-m", "launcher", "trainer.max_steps=1"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert out.returncode == 130 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip().splitlines() == [
         "launcher: interrupted (Ctrl-C); run the same command again (a run resumes from its newest checkpoint)"]

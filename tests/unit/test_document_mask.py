@@ -111,8 +111,8 @@ def test_flex_attention_masks_as_the_dense_path_does() -> None:
 
 def test_the_plan_says_which_attention_runs(data: dict[str, Path]) -> None:
     _, plan = compose_and_plan([*BASE, f"data.path={data['prep']}"])
-    assert ("attention: block-causal by document, positions restart at each document (dense mask on CPU, 64^2 "
-            "booleans per sample)") in plan.summary()
+    assert ("attention: block-causal by document, positions restart at each document (dense mask on CPU, 64 x 64 "
+            "booleans = 4 KB per sample)") in plan.summary()
     _, plain = compose_and_plan([*BASE[:-1], f"data.path={data['prep']}"])
     assert "attention:" not in plain.summary()
 

@@ -13,8 +13,7 @@ from launcher.evaluate import with_overrides
 
 
 @pytest.mark.parametrize("override, words", [
-    ("eval.every=x", "eval.every=x: Value 'x' of type 'str' could not be converted to Integer: give eval.every a "
-                     "value of its type"),
+    ("eval.every=x", "eval.every=x: eval.every takes a whole number and 'x' is not one: write eval.every=N"),
     ("eval.bogus=1", "eval.bogus is not a slurmtrain key"),
     ("eval.harness.tasks=count_mc", "eval.harness.tasks=count_mc is one value and eval.harness.tasks takes a list: "
                                     "write eval.harness.tasks=[count_mc]"),

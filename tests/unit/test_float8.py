@@ -18,8 +18,10 @@ def _cfg(**model: object) -> object:
          "ffn_hidden": 256, "max_seq_len": 64, "position": "rope", "mlp": "swiglu", "norm": "rmsnorm",
          "norm_eps": 1e-5, "rope_theta": 10000.0, "tie_embeddings": True, "dropout": 0.0, "init_std": 0.02,
          "_target_": None, "config_path": None, **model}
+    # float8_filter=all: the tiny dimensions here are all below torchao's size rule (which test_the_size_rule_*
+    # checks on the presets)
     return OmegaConf.create({"model": m, "precision": {"name": "fp8", "compute_dtype": "bfloat16",
-                                                       "float8_recipe": "tensorwise"},
+                                                       "float8_recipe": "tensorwise", "float8_filter": "all"},
                              "strategy": {"name": "fsdp", "backend": "torch"}, "parallel": {"tp": 1}})
 
 
@@ -88,8 +90,9 @@ def test_a_dry_run_for_an_h100_cluster_plans_fp8_from_a_machine_without_gpus(tmp
     out = launch("+cluster=h100x8", "model=llama3_1b", "precision=fp8", "strategy=fsdp", "launcher.dry_run=true",
                  f"run.root={hq(tmp_path)}", "run.name=fp8", CUDA_VISIBLE_DEVICES="")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "precision fp8: each block's 7 linear layers in float8 via torchao (tensorwise scaling, all-gathered in " \
+    assert "precision fp8: each block's 5 linear layers in float8 via torchao (tensorwise scaling, all-gathered in " \
            "float8 by FSDP2)" in out.stderr
+    assert "attn.k (2048 -> 512), attn.v (2048 -> 512) stay in bf16, too small for float8 to pay" in out.stderr
     plan = json.loads((tmp_path / "fp8" / "plan.json").read_text())
     assert 989.0 < plan["budget"]["peak_tflops"] < 1979.0
     assert any(line.startswith("loss: chunked") for line in plan["step"])
@@ -130,3 +133,40 @@ def test_the_plans_float8_share_of_a_mixture_of_experts_is_what_convert_converts
     converted = sum(m.weight.numel() for m in model.modules() if isinstance(m, Float8Linear))
     assert float8.float8_params_per_block(cfg.model) * cfg.model.n_layers == converted
     assert "not the routed experts" in float8.plan_line(OmegaConf.merge(cfg, {"data": {"seq_len": 64}}))
+
+
+PRESETS = ["gpt2_124m", "gpt2_350m", "llama3_1b", "llama3_8b", "llama3_70b"]
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_size_rule_is_torchaos_and_convert_and_the_plan_agree_on_it(preset: str, recipe: str) -> None:
+    """precision.float8_filter=auto: the layers contract/rules/float8.py leaves in bf16 are those torchao's own
+    filter for the recipe (_auto_filter_for_recipe, torchtitan's auto_filter_small_kn) refuses, on every preset's
+    block shapes; convert() converts the others, and the plan's FLOP share counts them."""
+    from torchao.float8 import _auto_filter_for_recipe
+
+    from launcher.compose import compose_config
+    from train.model.float8 import convert
+
+    cfg = compose_config([f"model={preset}", "precision=bf16"])
+    torchao_filter = _auto_filter_for_recipe(recipe, [])
+    precision = OmegaConf.create({"name": "fp8", "float8_recipe": recipe, "float8_filter": "auto"})
+    kept = float8.kept_in_bf16(cfg.model, precision)
+    for name, (k, n) in float8.linear_shapes(cfg.model).items():
+        torchao_converts = torchao_filter(torch.nn.Linear(k, n, bias=False, device="meta"), f"blocks.0.{name}")
+        assert torchao_converts == (name not in kept), (preset, recipe, name, k, n)
+    small = _cfg(d_model=128, n_heads=4, ffn_hidden=256, n_layers=1)
+    small.precision.float8_recipe, small.precision.float8_filter = recipe, "auto"
+    small_model = {"tensorwise": 0, "rowwise": 0}[recipe]
+    assert float8.float8_params_per_block(small.model, small.precision) == small_model
+    assert "precision.float8_filter=all" in float8.config_refusal(small)  # nothing would run in float8: refused
+    if preset == "llama3_8b":  # the 8B-width row of the GPU bench: what is converted there
+        wide = _cfg(d_model=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336, n_layers=1)
+        wide.precision.float8_recipe, wide.precision.float8_filter = recipe, "auto"
+        from train.model.build import build_model
+
+        with torch.device("meta"):  # the shapes only: 218M parameters a block
+            model = build_model(OmegaConf.merge(wide.model, {"vocab_size": 256, "max_seq_len": 16}))
+        converted = convert(model, wide, torch.device("cpu"), emulate=True)
+        assert converted == len(float8.converted_shapes(wide.model, wide.precision))

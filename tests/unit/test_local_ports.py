@@ -33,6 +33,7 @@ def test_rank_0_gets_the_listening_socket_the_launcher_holds(tmp_path: Path, mon
     monkeypatch.setattr(local.subprocess, "Popen", popen)
     monkeypatch.setenv(rank_fork.FORK_ENV, "0")  # each rank a process of its own (forked ranks: test_rank_fork.py)
     (tmp_path / "logs").mkdir()
+    (tmp_path / "config.yaml").write_text("container:\n  runtime: none\n")  # the group reads its container section
     group = local.WorkerGroup(tmp_path / "config.yaml", 2)
     group.start()
     try:

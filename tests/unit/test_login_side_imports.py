@@ -1,10 +1,9 @@
 """Every module of the login side (launcher/ and the contract it shares with train/) imports without torch,
-deepspeed or wandb, and no two modules of launcher/, contract/ or train/ import each other at import time (an
-import circle). import-linter (`make lint`) checks the layers between the packages."""
+deepspeed or wandb. import-linter (`make lint`) checks the layers between the packages, and
+tests/unit/test_import_graph.py that no modules import each other in a circle."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -33,31 +32,3 @@ def test_every_launcher_module_imports_without_torch_deepspeed_or_wandb() -> Non
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"imported at import time: {out.stdout}"
-
-
-def _imported_at_import_time(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The launcher modules a module's top level imports (function-level imports are deferred: no circle)."""
-    names = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
-                      for alias in node.names}
-    return {name for name in names if name in modules and name not in ("launcher", "train", "contract")}
-
-
-def test_no_import_circles_in_launcher_contract_or_train() -> None:
-    modules = launcher_modules(("launcher", "contract", "train"))
-    graph = {name: _imported_at_import_time(path, modules) for name, path in modules.items()}
-    done: set[str] = set()
-
-    def visit(name: str, path: list[str]) -> None:
-        for dep in sorted(graph[name]):
-            assert dep not in path, f"import circle: {' -> '.join([*path[path.index(dep):], dep])}"
-            if dep not in done:
-                visit(dep, [*path, dep])
-        done.add(name)
-
-    for name in sorted(graph):
-        visit(name, [name])

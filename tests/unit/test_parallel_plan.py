@@ -105,7 +105,10 @@ def test_expert_parallelism_is_never_fitted_to_a_deepspeed_strategy() -> None:
     it, nor may a refusal that does not fit name it as the fix."""
     mixtral = ["+cluster=h100x8", "model=mixtral_8x7b", "parallel.ep=8", "launcher.dry_run=true"]
     _, auto = compose_and_plan([*mixtral, "strategy=auto"])
-    assert "no strategy fits" in auto.refusal and "use strategy=fsdp" in auto.refusal, auto.refusal
+    assert "no strategy fits" in auto.refusal and "zero" not in auto.refusal, auto.refusal
     _, fsdp = compose_and_plan([*mixtral, "strategy=fsdp", "strategy.activation_checkpointing=true",
                                 "trainer.micro_batch_size=1"])
-    assert "use cluster.nodes=2" in fsdp.refusal and "zero" not in fsdp.refusal, fsdp.refusal
+    # Under ep=8 each rank holds one whole expert of every layer (5.6B parameters, their gradients and AdamW's
+    # moments: 90 GB), which more nodes do not shrink (issue 48, item 4): nothing fits an 80 GB GPU, and DeepSpeed
+    # is never the fix named.
+    assert "does not fit" in fsdp.refusal and "zero" not in fsdp.refusal, fsdp.refusal

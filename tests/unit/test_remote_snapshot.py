@@ -4,6 +4,7 @@ config, ssh's options (launcher/run/remote/). The real sshd: tests/slurm/test_re
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -154,6 +155,25 @@ def test_a_bad_remote_is_one_line(tmp_path: Path) -> None:
         config.load("ok", str(tmp_path), ["remote.port=0"])
     with pytest.raises(ConfigError, match=r"remote.max_snapshot_mb=-1.0 is out of range"):
         config.load("ok", str(tmp_path), ["remote.max_snapshot_mb=-1"])
+    # a value of the wrong type: OmegaConf's "Value 'abc' of type 'str' could not be converted to Integer" before
+    with pytest.raises(ConfigError, match=r"remote ok: remote.port=abc: remote.port takes an integer port 1-65535 "
+                                          r"\(ssh -p\): write remote.port=22"):
+        config.load("ok", str(tmp_path), ["remote.port=abc"])
+    # ssh's ControlPersist checked here (ssh's "Bad ControlPersist argument" was blamed on the connection)
+    with pytest.raises(ConfigError, match=r"remote.control_persist=forever: ssh's ControlPersist takes yes, no or a "
+                                          r"time .*write remote.control_persist=10m"):
+        config.load("ok", str(tmp_path), ["remote.control_persist=forever"])
+    _write(tmp_path, {"remote/persist.yaml": "host: h\ncontrol_persist: 10x\n"})
+    with pytest.raises(ConfigError, match=r"control_persist in .*persist.yaml: ssh's ControlPersist takes"):
+        config.load("persist", str(tmp_path))
+    # what ssh accepts is passed as ssh reads it: YAML's `yes` arrived as True, which ssh refused
+    for given, passed in (("yes", "yes"), ("no", "no"), ("true", "yes"), ("10m", "10m"), ("600", "600"),
+                          ("1h30m", "1h30m")):
+        assert config.load("ok", str(tmp_path), [f"remote.control_persist={given}"]).control_persist == passed
+        if shutil.which("ssh"):  # and ssh itself reads it (ssh -G parses the options and connects nowhere)
+            read = subprocess.run(["ssh", "-G", "-o", f"ControlPersist={passed}", "localhost"], capture_output=True,
+                                  text=True)
+            assert read.returncode == 0, read.stderr
     # ~ is the remote home the commands start in (a directory named '~' was made there)
     assert config.load("ok", str(tmp_path)).workdir == "runs/here"
     _write(tmp_path, {"remote/broken.yaml": "host: [x\n"})  # a traceback and exit 1 before

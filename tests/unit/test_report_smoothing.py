@@ -33,7 +33,7 @@ def test_the_loss_panel_draws_the_smoothed_loss_over_the_faint_logged_one(tmp_pa
     assert list(raw.get_ydata()) == losses and raw.get_alpha() == figures.RAW_ALPHA and raw.get_label() == "a"
     assert smooth.get_gid() == "smoothed" and smooth.get_alpha() is None and smooth.get_color() == raw.get_color()
     assert list(smooth.get_xdata()) == [r["step"] for r in rows]
-    assert list(smooth.get_ydata()) == pytest.approx(figures.smoothed(losses, figures.SMOOTHING))
+    assert list(smooth.get_ydata()) == pytest.approx(figures.smoothed(losses, figures.SMOOTHING, [r["step"] for r in rows]))
     assert max(smooth.get_ydata()) - min(smooth.get_ydata()) < max(losses) - min(losses)  # smoother
     # The legend names the run once, at full strength; the other panels are drawn as logged.
     [legend] = fig.legends
@@ -53,7 +53,7 @@ def test_a_diverged_runs_smoothed_line_stops_where_its_loss_does(tmp_path: Path)
     target, title = report.load(tmp_path / "dead")
     _, smooth = figures.training_figure(target.runs, title).axes[0].get_lines()
     values = list(smooth.get_ydata())
-    assert values[:2] == pytest.approx(figures.smoothed([4.0, 3.0], figures.SMOOTHING))
+    assert values[:2] == pytest.approx(figures.smoothed([4.0, 3.0], figures.SMOOTHING, [10, 20]))
     assert all(math.isnan(v) for v in values[2:])
 
 

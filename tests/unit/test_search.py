@@ -33,12 +33,16 @@ BAD = [
     # the fixed value was dropped without a word
     (["optim.lr=choice(1e-3,1e-2)", "optim.lr=1e-4", "eval.every=5"],
      "optim.lr is searched and also given as optim.lr=1e-4: drop one of them"),
+    # the search's own setting was attributed to "the search's trial (optim.lr=1e-05)"
+    (["optim.lr=tag(log,interval(1e-5,1))", "eval.every=5", "search.timeout=-5", "cluster.nodes=1"],
+     "error: search.timeout=-5 is out of range"),
 ]
 
 
 @pytest.mark.parametrize(("args", "words"), BAD, ids=["unknown key", "empty interval", "no eval.every", "no trials",
                                                           "interval of an int", "unknown tag", "bad storage",
-                                                          "nothing to prune", "length searched", "searched and fixed"])
+                                                          "nothing to prune", "length searched", "searched and fixed",
+                                                          "the search's own setting"])
 def test_bad_input_is_one_line_exit_2_and_nothing_created(tmp_path: Path, args: list[str], words: str) -> None:
     root = tmp_path / "runs"
     out = launch("-m", "hydra/sweeper=search", *args, f"run.root={hq(root)}", "+cluster=local_slurm", cwd=tmp_path)
@@ -58,6 +62,10 @@ def test_dry_run_prints_the_worst_case_and_creates_nothing(tmp_path: Path) -> No
     assert "12 trials over optim.lr, optim.warmup_steps, 3 worker(s), sampler tpe, pruner asha" in out.stderr
     assert "worst case (no trial pruned): 12 x 30 = 360 steps" in out.stderr
     assert "stops taking trials search.timeout=3600 s after it started" in out.stderr  # the plan said nothing of it
+    # The plan is one trial's, at the space's first corner: its lr 1e-05 read as the run's (issue 48 item 10).
+    assert "plan of one trial, at the space's first corner (optim.lr=1e-05 optim.warmup_steps=2; each trial draws " \
+           "its own values of these)" in out.stderr
+    assert "space: optim.lr log-uniform 1e-05 to 1, optim.warmup_steps one of 2, 5" in out.stderr
     assert "dry run: nothing created or submitted" in out.stderr
     assert not root.exists()
 
@@ -251,14 +259,14 @@ def test_continuing_with_fewer_trials_than_were_asked_is_refused(tmp_path: Path)
     import dataclasses
 
     from contract.search.optuna_objects import load_study
-    from launcher.sweeps.search import _continued
+    from launcher.sweeps.search_settings import continued
 
     spec = _lr_search(tmp_path, 6)
     for _ in range(4):
         load_study(tmp_path, spec).ask()
     with pytest.raises(ConfigError, match="search.n_trials=3: .* already holds 4 trials: give search.n_trials=4"):
-        _continued(tmp_path, dataclasses.replace(spec, n_trials=3))
-    assert _continued(tmp_path, dataclasses.replace(spec, n_trials=4)).n_trials == 4
+        continued(tmp_path, dataclasses.replace(spec, n_trials=3))
+    assert continued(tmp_path, dataclasses.replace(spec, n_trials=4)).n_trials == 4
 
 
 def test_a_local_worker_is_stopped_when_the_command_that_started_it_dies(tmp_path: Path) -> None:
@@ -271,7 +279,7 @@ def test_a_local_worker_is_stopped_when_the_command_that_started_it_dies(tmp_pat
     import sys
 
     script = ("import subprocess, sys, time\n"
-              "from launcher.sweeps.search import die_with_parent\n"
+              "from launcher.sweeps.search_local import die_with_parent\n"
               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True,"
               " preexec_fn=die_with_parent())\n"
               "print(child.pid, flush=True)\n"
@@ -334,13 +342,13 @@ def test_a_local_search_with_no_complete_trial_exits_1_saying_so(tmp_path: Path,
     from optuna.trial import TrialState
 
     from contract.search.optuna_objects import distributions, load_study
-    from launcher.sweeps.search import _ended_without_best
+    from launcher.sweeps.search_local import ended_without_best
 
     (tmp_path / "failed").mkdir()
     spec = _lr_search(tmp_path / "failed", 1)
     study = load_study(tmp_path / "failed", spec)
     study.tell(study.ask(distributions(spec)).number, state=TrialState.FAIL)
-    assert _ended_without_best(tmp_path / "failed") == 1
+    assert ended_without_best(tmp_path / "failed") == 1
     said = capsys.readouterr().err
     assert "(1 failed)" in said and "the failures to mend" in said and "pruner" not in said  # not a pruning matter
 
@@ -350,10 +358,10 @@ def test_a_local_search_with_no_complete_trial_exits_1_saying_so(tmp_path: Path,
         trial = study.ask(distributions(spec))
         trial.report(3.0, 5)
         study.tell(trial.number, state=how)
-    assert _ended_without_best(tmp_path) == 1
+    assert ended_without_best(tmp_path) == 1
     said = capsys.readouterr().err
     assert "no trial completed with a finite val/val/loss (2 pruned, 1 failed): there is no best" in said
     assert "search.min_improvement=0" in said  # pruned ones: the pruner is what to loosen
     trial = study.ask(distributions(spec))
     study.tell(trial.number, 2.5)
-    assert _ended_without_best(tmp_path) == 0
+    assert ended_without_best(tmp_path) == 0

@@ -106,11 +106,19 @@ def test_without_validation_the_interval_average_ranks_and_rank_by_chooses(tmp_p
     assert "train loss (avg)" in text
     assert row_order(text) == [3, 2, 1, 0]
     assert row_order(table_text(sweep_dir, rank_by="loss")) == [0, 1, 2, 3]  # the last logged loss, as asked
+    # A metric no run measured suggests only what they measured (it said "e.g. val/val/loss" to runs that never
+    # validated, and asked a metric they never measured for its direction: harness/t/novelty:max).
     assert status.main([str(sweep_dir), "--rank-by", "val/val/loss"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--rank-by val/val/loss: no run has measured val/val/loss" in err
+    assert err.count("\n") == 1 and "--rank-by val/val/loss: no run measured val/val/loss: name one they measured (" \
+        in err and "loss_avg" in err and "e.g. val/val/loss" not in err, err
     assert status.main([str(sweep_dir), "--rank-by", "harness/t/novelty"]) == 2
-    assert "harness/t/novelty:max" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no run measured harness/t/novelty" in err and ":max" not in err, err
+    assert status.main([str(sweep_dir), "--rank-by", "loss_avgg"]) == 2
+    assert "no run measured loss_avgg: did you mean --rank-by loss_avg?" in capsys.readouterr().err
+    assert status.main([str(sweep_dir), "--rank-by", "lr"]) == 2  # measured, of no known direction: say which
+    assert "--rank-by=lr:max or --rank-by=lr:min" in capsys.readouterr().err
     assert report.main([str(tmp_path / "point 0"), "--rank-by", "loss"]) == 2
     assert "ranks a sweep's points" in capsys.readouterr().err
 

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from launcher.plan.estimate import flops_per_token
 from train.observe import telemetry
 from train.observe.metrics import telemetry_text, wandb_values
+from train.observe.scalars import NODE_SHARES
 from train.observe.telemetry import StepTimer, StragglerRule, interval_fields, peak_tflops, slow_rank_delay
 
 
@@ -59,8 +60,10 @@ def test_interval_fields_hand_computed() -> None:
     assert f["rank_work_s"] == pytest.approx([0.1, 0.3, 0.1])
     assert f["step_time_s"] == pytest.approx(0.5) and f["data_wait_s"] == pytest.approx(0.1)
     assert f["data_wait_share"] == pytest.approx(0.2)
-    # Tokens/s per rank: 4000/2, 4000/2, 4000/1.6; per node the sum of its ranks.
-    assert f["tokens_per_s_by_node"] == pytest.approx({"n1": 4000.0, "n2": 2500.0})
+    # Per node: its ranks' share of the interval's tokens (4 steps x 1000 each), which the metrics row puts on its
+    # own clock (MetricsLogger.log: tokens_per_s_by_node sums to tokens_per_s).
+    assert f[NODE_SHARES] == pytest.approx({"n1": 2 / 3, "n2": 1 / 3})
+    assert "tokens_per_s_by_node" not in f
     # TFLOP/s per device: the mean rank's tokens/s x FLOPs per token.
     assert f["tflops"] == pytest.approx((2000 + 2000 + 2500) / 3 * 3e9 / 1e12)
     assert f["mfu"] == pytest.approx(f["tflops"] / 10.0)

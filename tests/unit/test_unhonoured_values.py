@@ -13,7 +13,7 @@ CASES = [
      "stability.enabled=false"),
     (["stability.enabled=false", "stability.nonfinite=stop"], "stability.nonfinite=stop has no effect with "
      "stability.enabled=false"),
-    (["eval.sets.x.kind=synthetic"], "eval.sets.x is never evaluated: validation is off (eval.every=0)"),
+    (["eval.sets.x.kind=synthetic"], "eval.sets.x.kind=synthetic has no effect with eval.every=0 (no validation)"),
     (["optim.schedule=wsd", "optim.decay_start_step=50", "optim.decay_fraction=0.1", "trainer.max_steps=100"],
      "optim.decay_fraction=0.1 has no effect with optim.decay_start_step=50"),
 ]

@@ -126,7 +126,7 @@ class CheckpointManager:
             self._barrier()  # every rank's partition is on disk before rank 0 marks the checkpoint complete
             self._complete(state.step, path)
             return
-        target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer)}
+        target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer), **self._beside()}
         if blocking or not self.cfg.checkpoint.async_save:
             dcp.save(target, checkpoint_id=path / "model_optim", process_group=self.group)
             manifest.write_piece(path, self.env.rank)
@@ -159,9 +159,17 @@ class CheckpointManager:
             future.add_done_callback(hash_own_files)  # type: ignore[union-attr]
             self.pending = (state.step, finished, path)
 
+    def _beside(self) -> dict[str, Any]:
+        """Stateful parts saved in the DCP checkpoint beside the model and optimizer: optim.outer=diloco's global
+        weights and outer momentum (train/replicas/diloco.py)."""
+        return dict(getattr(self.strategy.replicas, "checkpointed", None) or {})
+
     def _small_files(self, state: Any, path: Path) -> dict[Path, bytes]:
         """This rank's RNG state; on rank 0 the trainer state, the config (and DeepSpeed's config)."""
         files = {path / f"rng_rank{self.env.rank}.pt": _serialized(rng_state())}
+        compression = self.strategy.compression.state_dict() if self.strategy.compression is not None else None
+        if compression is not None:  # PowerSGD's error feedback, this rank's own (strategies/grad_compression.py)
+            files[path / f"gradcomm_rank{self.env.rank}.pt"] = _serialized(compression)
         if self.env.is_main:
             trainer_state = {**asdict(state), "scheduler": self.strategy.scheduler.state_dict(),
                              "scaler": self.strategy.scaler_state_dict(), "world_size": self.env.world_size,
@@ -306,7 +314,8 @@ class CheckpointManager:
                                                 load_lr_scheduler_states=False)
         else:
             refuse_fused_layout(checkpoint.path / "model_optim")
-            target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer, loading=True)}
+            target = {"app": ModelOptimState(self.strategy.model, self.strategy.optimizer, loading=True),
+                      **self._beside()}
             dcp.load(target, checkpoint_id=checkpoint.path / "model_optim", process_group=self.group)
         trainer_state: dict[str, Any] = torch.load(checkpoint.path / "trainer_state.pt", weights_only=False)
         self.strategy.scheduler.load_state_dict(trainer_state.pop("scheduler"))
@@ -314,6 +323,9 @@ class CheckpointManager:
         rng_file = checkpoint.path / f"rng_rank{self.env.rank}.pt"
         if rng_file.is_file() and trainer_state.get("world_size") == self.env.world_size:
             set_rng_state(torch.load(rng_file, weights_only=False))
+            compression_file = checkpoint.path / f"gradcomm_rank{self.env.rank}.pt"
+            if self.strategy.compression is not None and compression_file.is_file():
+                self.strategy.compression.load_state_dict(torch.load(compression_file, weights_only=False))
         elif self.env.is_main:
             log.warning("world size changed (%s -> %d): RNG streams start fresh; data order is kept",
                         trainer_state.get("world_size"), self.env.world_size)

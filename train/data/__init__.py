@@ -1,7 +1,8 @@
 """Token sources addressed by a global sample index: what a sample is is a pure function of its index, the data
 config and the seed, so a resume on any number of ranks continues exactly.
 
-    sources.py      TokenSource, build_source: the one source a data config reads; data_progress for metrics
+    token_source.py TokenSource: what every source is, a sample per global index
+    sources.py      build_source: the one source a data config reads; data_progress for metrics
     synthetic.py    data=synthetic, a learnable stream
     windows.py      token files as one stream (TokenStream) and its windows as samples (WindowSource, MemmapTokens)
     index.py        the order of windows within an epoch: a keyed bijection, never materialised; INDEX_VERSION
@@ -23,7 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOMES = {
-    "TokenSource": "sources", "build_source": "sources", "data_progress": "sources",
+    "TokenSource": "token_source", "build_source": "sources", "data_progress": "sources",
     "SyntheticTokens": "synthetic",
     "TokenStream": "windows", "WindowSource": "windows", "MemmapTokens": "windows",
     "INDEX_VERSION": "index", "EpochOrder": "index",
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
     )
     from train.data.dataset import DatasetSource
     from train.data.index import INDEX_VERSION, EpochOrder
-    from train.data.sources import TokenSource, build_source, data_progress
+    from train.data.sources import build_source, data_progress
     from train.data.synthetic import SyntheticTokens
+    from train.data.token_source import TokenSource
     from train.data.windows import MemmapTokens, TokenStream, WindowSource
 
 

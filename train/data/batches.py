@@ -9,13 +9,12 @@ position means the same next samples whatever the world size (resume on another 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from train.data.sources import TokenSource
+from train.data.token_source import TokenSource
 
 
 def micro_batch_indices(position: int, micro_step: int, dp_rank: int, dp_size: int, micro: int) -> range:

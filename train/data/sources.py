@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from train.data.index import INDEX_VERSION
+from train.data.token_source import TokenSource
 
-
-class TokenSource(Protocol):
-    def sample(self, index: int) -> Any:
-        """The sample with this global index: tokens [seq_len + 1] (inputs plus the shifted target), an
-        (inputs, targets) pair, or a dict with input_ids (and labels)."""
+__all__ = ["TokenSource", "build_source", "data_progress", "token_source"]
 
 
 def build_source(data_cfg: Any, vocab_size: int, index_version: int = INDEX_VERSION) -> TokenSource:

@@ -185,6 +185,7 @@ class Validator:
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for batch in self.set_batches.of(name):
             inputs, targets, *extra = (x.to(self.device, non_blocking=True) for x in batch)
+            inputs, targets = self.strategy.split_sequence(inputs, targets)  # parallel.cp: this rank's chunks
             losses = pipeline.forward_only(inputs, targets, *extra)
             if pipeline.last:
                 for loss, micro_targets in zip(losses, targets.chunk(accum), strict=True):

@@ -19,14 +19,17 @@ import torch
 import torch.distributed as dist
 
 from contract.config.schema import ClusterConfig
+from contract.container.requeue import ask_host
 from contract.errors import EXIT_STOPPED
+from contract.rundir.replicas import GROUP_ENV
 from train.distributed import DistEnv, cpu_group
-from train.faults.signals import StopFlag
+from train.faults.signals import StopFlag, signal_number
 from train.observe.metrics import log
 from train.observe.sync_count import host_values
 
 # Fault injection for tests: "STEP:RANK" makes RANK send itself the preemption signal after STEP; "STEP:RANK:parent"
-# sends it to the rank's parent instead (a search worker, launcher/sweeps/search_worker.py, which forwards it).
+# sends it to the rank's parent instead (a search worker, launcher/sweeps/search_worker.py, which forwards it);
+# ":group=K" fires in replica group K only (each group has a rank RANK); ":signal=TERM" sends SIGTERM instead.
 TEST_SIGNAL_ENV = "SLURMTRAIN_TEST_SIGNAL"
 # Fault injection for tests: "RANK" dies (SIGKILL) at its first step boundary after a SIGTERM, as a rank does whose
 # node ends it before it can save (a cancel's KillWait running out on one node first).
@@ -56,8 +59,11 @@ class PreemptionWatcher:
         self.group = cpu_group()
         spec = os.environ.get(TEST_SIGNAL_ENV)
         fields = spec.split(":") if spec else []
-        self._test_trigger = (int(fields[0]), int(fields[1])) if fields else None
-        self._test_target = os.getppid() if fields[2:] == ["parent"] else os.getpid()
+        options = dict(f.partition("=")[::2] for f in fields[2:])
+        in_group = options.get("group", os.environ.get(GROUP_ENV, "0")) == os.environ.get(GROUP_ENV, "0")
+        self._test_trigger = (int(fields[0]), int(fields[1])) if fields and in_group else None
+        self._test_target = os.getppid() if "parent" in options else os.getpid()
+        self._test_signal = signal_number(options["signal"]) if options.get("signal") else flag.preempt
         self._test_die_on_term = os.environ.get(TEST_DIE_ON_TERM_ENV) == str(env.rank)
         self.agreed = NOTHING
         # What the stability verdicts call for (train/stability/monitor.py), agreed in the same all-reduce.
@@ -67,7 +73,7 @@ class PreemptionWatcher:
         """Collective: every rank must call it at every step boundary. `trouble`: this rank's stability action,
         agreed (the largest) into self.trouble."""
         if self._test_trigger == (step, self.env.rank):
-            os.kill(self._test_target, self.flag.preempt)
+            os.kill(self._test_target, self._test_signal)
         if self._test_die_on_term and self.flag.received == signal.SIGTERM:
             os.kill(os.getpid(), signal.SIGKILL)
         local = REQUEUE if self.flag.wants_requeue else STOP if self.flag.received is not None else NOTHING
@@ -130,7 +136,10 @@ def after_stop(env: DistEnv, cfg: Any, step: int, agreed: int = REQUEUE, run_dir
 
 
 def requeue(job_id: str) -> None:
-    """The last thing rank 0 does: `scontrol requeue` ends this attempt (SIGTERM, then SIGKILL)."""
+    """The last thing rank 0 does: `scontrol requeue` ends this attempt (SIGTERM, then SIGKILL). Inside a container
+    (no SLURM client there) the batch shell does it once the ranks have exited (contract/container/requeue.py)."""
+    if ask_host(job_id):
+        return
     out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise RuntimeError(f"scontrol requeue {job_id} failed: {out.stderr.strip()}")

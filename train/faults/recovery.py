@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from contract.rundir import accounting
+from contract.container.requeue import ask_host
+from contract.rundir import accounting, replicas
 from contract.rundir import ckpt_layout as layout
 from contract.rundir.environment import ENDING_DIR_ENV, EVENT_KIND, Ending
 from contract.rundir.events import is_secondary_text, record_event, start_local_attempt, unexpected_failures
@@ -67,6 +68,25 @@ def _claim(run_dir: Path, job: str) -> bool:
     os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
     os.close(fd)
     return True
+
+
+def heals_from_a_live_group(cfg: Any) -> bool:
+    """A rank of a replica group (parallel.replica_groups > 1) while another group heartbeats to the lighthouse: its
+    group heals from that one when it starts again, and loses no step to this failure."""
+    if int((cfg.get("parallel") or {}).get("replica_groups", 1) or 1) <= 1:
+        return False
+    address = os.environ.get(replicas.LIGHTHOUSE_ENV)
+    live = replicas.live_groups(address) if address else None
+    return bool((live or set()) - {int(os.environ.get(replicas.GROUP_ENV, "0"))})
+
+
+def _lost(cfg: Any, run_dir: Path, step: int, lost_steps: int | None) -> int:
+    """The steps the recording rank's failure loses: the caller's count, else none for a replica group that heals
+    from a live one (asked of the lighthouse only here, by the one rank that records), else those since the newest
+    checkpoint."""
+    if lost_steps is not None:
+        return lost_steps
+    return 0 if heals_from_a_live_group(cfg) else steps_lost(run_dir, step)
 
 
 def steps_lost(run_dir: Path, step: int) -> int:
@@ -157,19 +177,23 @@ def end_of_attempt(run_dir: Path, outcome: Any, step: int, started: float) -> st
 
 
 def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err: BaseException | None = None,
-            *, started: float, is_main: bool, culprits: list[str] | None = None, **details: Any) -> None:
+            *, started: float, is_main: bool, culprits: list[str] | None = None, lost_steps: int | None = None,
+            **details: Any) -> None:
     """Called by a failing rank. Under SLURM: record and requeue (one rank acts); `host` is the failed rank's
     host (left out when possible); for a hang, the host of the ranks that got least far, or None when no rank
     stands out; for silent data corruption, the first host outside the replicas' majority, and `culprits` every
-    one of them (all left out when possible; default: `host`). Locally: rank 0 records. `details`: more fields
-    for the event."""
+    one of them (all left out when possible; default: `host`). Locally: rank 0 records. `lost_steps`: the steps
+    lost when the caller knows better than the newest checkpoint (a replica group that heals loses none).
+    `details`: more fields for the event."""
     job = slurm_job_id()
     if job is None or cfg.cluster is None:
         if is_main:
             record_event(run_dir, kind, attempt=attempt(), job=job, host=host or node_name(), step=step,
-                         steps_lost=steps_lost(run_dir, step), started=started, ended=time.time())
+                         steps_lost=_lost(cfg, run_dir, step, lost_steps), started=started, ended=time.time())
         return
-    if err is not None and is_secondary(err):
+    if err is not None and is_secondary(err) and int((cfg.get("parallel") or {}).get("replica_groups", 1)) > 1:
+        host = None  # a replica group goes whole and at once: its live rank 0 would hold the other groups' quorum
+    elif err is not None and is_secondary(err):
         deadline = time.monotonic() + SECONDARY_WAIT_S
         while time.monotonic() < deadline:
             if (Path(run_dir) / f".recovery-{job}-{attempt()}").exists():
@@ -178,7 +202,7 @@ def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err
         host = None  # nobody claimed: this rank only saw a peer vanish; don't blame its own host
     if not _claim(run_dir, job):
         return
-    lost = steps_lost(run_dir, step)
+    lost = _lost(cfg, run_dir, step, lost_steps)
     if cancelled(job):
         # The ranks failed because the cancel ended one of them first: nothing to requeue, no node to blame.
         log.warning("job %s was cancelled (%s at step %d): not requeueing", job, kind, step)
@@ -200,6 +224,8 @@ def recover(cfg: Any, run_dir: Path, kind: str, step: int, host: str | None, err
               kind, step, failed, budget, job, f" without {','.join(leave_out)}" if leave_out else "")
     if leave_out:
         exclude_when_pending(run_dir, job, leave_out)
+    if ask_host(job):  # inside a container: the batch shell requeues once srun returns (contract/container/requeue.py)
+        return
     out = _scontrol("requeue", job)
     if out.returncode != 0:
         log.error("scontrol requeue %s failed: %s", job, out.stderr.strip())

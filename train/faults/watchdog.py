@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from contract.rundir.failure_cost import WATCHDOG_FILE as STATE_FILE
 from train.observe.metrics import log
 
 EXIT_HUNG = 86
-STATE_FILE = "watchdog.json"
 HANGS_DIR = "hangs"
 # Fault injection for tests, "RANK:STEP[:ATTEMPT]" (ATTEMPT: SLURM_RESTART_COUNT, default any): RANK stops making
 # progress in that step (sleeps forever), or raises there.
@@ -88,10 +88,14 @@ class Watchdog:
     def __init__(self, cfg: Any, rank: int, world_size: int, run_dir: Path, on_hang: Any = None) -> None:
         w = cfg.watchdog
         self.cfg, self.rank, self.world_size, self.run_dir = w, rank, world_size, Path(run_dir)
+        self._settings: dict[str, Any] = {}
         self.enabled = bool(w.enabled)
         self.on_hang = on_hang  # called (section, elapsed, step, culprit host) before the rank exits: it records
         self.longest: dict[str, float] = {}
         self.seen: dict[str, int] = {}
+        # Seconds spent in each section over the run's attempts (checkpoint: what saves cost the training thread;
+        # contract/rundir/failure_cost.py reads it).
+        self.spent: dict[str, float] = {}
         self._load()
         self.last_step = 0
         # Progress inside the current step (data loaded, forward done, ...): ranks that hang together are told
@@ -114,12 +118,21 @@ class Watchdog:
 
     # -- what the loop calls ------------------------------------------------------------------------------
     def timeout(self, section: str) -> float:
-        configured = getattr(self.cfg, f"{section}_timeout_s", None)
+        configured = self._setting(f"{section}_timeout_s")
         if configured:
             return float(configured)
         if section != "startup" and self.seen.get(section, 0) >= MIN_OBSERVATIONS:
-            return max(float(self.cfg.min_timeout_s), float(self.cfg.factor) * self.longest[section])
-        return float(self.cfg.startup_timeout_s)
+            return max(float(self._setting("min_timeout_s")), float(self._setting("factor")) * self.longest[section])
+        return float(self._setting("startup_timeout_s"))
+
+    def _setting(self, key: str) -> Any:
+        """A watchdog.* value (None where unset), read from the config once: every step enters a section, and an
+        OmegaConf read costs tens of microseconds."""
+        try:
+            return self._settings[key]
+        except KeyError:
+            value = self._settings[key] = getattr(self.cfg, key, None)
+            return value
 
     def enter(self, section: str) -> None:
         if self.enabled:
@@ -135,6 +148,7 @@ class Watchdog:
         if name != "startup":
             self.longest[name] = max(self.longest.get(name, 0.0), elapsed)
             self.seen[name] = self.seen.get(name, 0) + 1
+            self.spent[name] = self.spent.get(name, 0.0) + elapsed
 
     def mark(self) -> None:
         self.marks += 1
@@ -172,7 +186,7 @@ class Watchdog:
     def save_state(self) -> None:
         """Rank 0 keeps what was learned for the next attempt."""
         if self.enabled and self.rank == 0:
-            data = {"longest_s": self.longest, "observations": self.seen}
+            data = {"longest_s": self.longest, "observations": self.seen, "spent_s": self.spent}
             tmp = self.run_dir / f".{STATE_FILE}.tmp"
             tmp.write_text(json.dumps(data) + "\n")
             tmp.rename(self.run_dir / STATE_FILE)
@@ -187,6 +201,7 @@ class Watchdog:
             data = json.loads((self.run_dir / STATE_FILE).read_text())
             self.longest = {k: float(v) for k, v in data["longest_s"].items()}
             self.seen = {k: int(v) for k, v in data["observations"].items()}
+            self.spent = {k: float(v) for k, v in data.get("spent_s", {}).items()}
         except (OSError, ValueError, KeyError, AttributeError):
             pass
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from contract.errors import ConfigError
+from contract.rules.per_block import compiles_blocks, needs_blocks
 
 NO_BLOCKS = "none"
 
@@ -90,8 +91,6 @@ def find_blocks(model: nn.Module, block: str | None, needed_for: str | None = "s
 
 def blocks_for(model: nn.Module, model_cfg: object, strategy_cfg: object) -> list[tuple[str, nn.Module]]:
     """The blocks this strategy config works with; BlockError when it needs blocks the model does not have."""
-    from train.strategies import compiles_blocks, needs_blocks
-
     named = find_blocks(model, getattr(model_cfg, "block", None), needs_blocks(strategy_cfg))
     wants_blocks = getattr(strategy_cfg, "activation_checkpointing", False) or compiles_blocks(strategy_cfg)
     if wants_blocks and not named:
@@ -119,8 +118,6 @@ def prepare_blocks(model: nn.Module, model_cfg: object, strategy_cfg: object) ->
             _replace(model, name, new)
             wrapped.append((name, new))
         named = wrapped
-    from train.strategies import compiles_blocks
-
     if compiles_blocks(strategy_cfg):
         from contract.rules.compile_modes import compile_mode
 

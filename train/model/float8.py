@@ -24,11 +24,13 @@ def refusal_here(device: torch.device) -> str | None:
     return float8.gpu_refusal(None, torch.cuda.get_device_capability(device), f"this rank's GPU ({device})")
 
 
-def _wanted(block_prefixes: tuple[str, ...]) -> Any:
+def _wanted(block_prefixes: tuple[str, ...], recipe: str, size_rule: bool) -> Any:
     def wanted(module: nn.Module, fqn: str) -> bool:
-        # A mixture of experts' router stays out: it is computed in fp32 (train/model/moe.py).
+        # A mixture of experts' router stays out: it is computed in fp32 (train/model/moe.py). With the size rule
+        # (precision.float8_filter=auto), so does a layer too small for float8 to pay: the plan names the same ones.
         return (isinstance(module, nn.Linear) and fqn.startswith(block_prefixes) and not fqn.endswith(".router")
-                and module.in_features % float8.DIM_MULTIPLE == 0 and module.out_features % float8.DIM_MULTIPLE == 0)
+                and module.in_features % float8.DIM_MULTIPLE == 0 and module.out_features % float8.DIM_MULTIPLE == 0
+                and not (size_rule and float8.small_layer(module.in_features, module.out_features, recipe)))
     return wanted
 
 
@@ -48,7 +50,8 @@ def convert(model: nn.Module, cfg: Any, device: torch.device, emulate: bool = Fa
         from dataclasses import replace
 
         config = replace(config, enable_fsdp_float8_all_gather=float8.fp8_all_gather(cfg), emulate=emulate)
-    convert_to_float8_training(model, config=config, module_filter_fn=_wanted(("blocks.",)))
+    size_rule = str(cfg.precision.get("float8_filter", "auto")) == "auto"
+    convert_to_float8_training(model, config=config, module_filter_fn=_wanted(("blocks.",), recipe, size_rule))
     from torchao.float8.float8_linear import Float8Linear
 
     return sum(isinstance(m, Float8Linear) for m in model.modules())

@@ -12,6 +12,8 @@
 Routing (per micro batch, on each rank's own tokens): probabilities = softmax(router logits in fp32); a token's
 top_k experts; with capacity_factor > 0, an expert takes at most ceil(cf x tokens x top_k / experts) assignments in
 token order and drops the rest (the token's residual stream passes that expert by). Dropless otherwise.
+Under context parallelism (a rank holds two chunks of each sequence) a token is routed on its own rank as without
+cp, and the load-balancing fraction is the whole sequences' (`_sequence_routing`), so the losses are cp=1's.
 
 Telemetry stays on the device: each layer adds its tokens per expert, dropped assignments and auxiliary losses to
 running sums that train/observe/moe_stats.py reads (and resets) at log steps.
@@ -23,8 +25,11 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from train.model.mlp import MLP
 
 
 def moe_config(cfg: Any) -> Any:
@@ -88,10 +93,11 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
+    # False while a pipeline stage infers its shapes (train/strategies/pipeline.py): a forward on empty tensors.
+    counting: bool = True
+
     def __init__(self, cfg: Any) -> None:
         super().__init__()
-        from train.model.transformer import MLP
-
         moe = cfg.moe
         self.num_experts, self.top_k = int(moe.num_experts), int(moe.top_k)
         self.capacity_factor = float(moe.capacity_factor)
@@ -100,8 +106,14 @@ class MoE(nn.Module):
         self.experts = Experts(cfg, self.num_experts)
         shared = int(moe.shared_experts)
         self.shared = MLP(_widened(cfg, shared)) if shared else None
-        # Expert parallelism (train/strategies/expert_parallel.py sets it): the group this layer's experts span.
+        # Expert parallelism (train/strategies/expert_parallel.py sets both): the group this layer's experts span,
+        # and how rows reach the experts on the ranks that hold them (its run_experts).
         self.ep_group: Any = None
+        self.dispatch: Any = None
+        # Context parallelism (train/strategies/context_parallel.py attach sets both): the ranks sharing each
+        # sequence, and the rank's ContextShard (which chunks of a sequence it holds).
+        self.cp_group: Any = None
+        self.context: Any = None
         self.stats: MoEStats | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,11 +128,9 @@ class MoE(nn.Module):
         routed = torch.bincount(expert_of, minlength=experts)
         keep = None
         if self.capacity_factor > 0:
-            capacity = math.ceil(self.capacity_factor * n * k / experts)
-            one_hot = F.one_hot(expert_of, experts)
-            position = ((one_hot.cumsum(0) - 1) * one_hot).sum(-1)  # each assignment's place in its expert's queue
-            keep = position < capacity
-        aux = self._aux_losses(logits, probs, routed, n * k)
+            keep = self._within_capacity(expert_of, n * k) if self.context is None else self._sequence_capacity(
+                chosen.view(shape[0], -1, k))
+        aux = self._aux_losses(logits, probs, *self._sequence_routing(routed, n * k))
         token_of = torch.arange(n, device=x.device).repeat_interleave(k)
         gate_weights = weights.reshape(-1)
         if keep is not None:
@@ -131,14 +141,12 @@ class MoE(nn.Module):
         if self.ep_group is None:
             out_rows = self.experts(rows, counts.tolist())
         else:
-            from train.strategies.expert_parallel import run_experts
-
-            out_rows = run_experts(self.experts, rows, counts, self.ep_group)
+            out_rows = self.dispatch(self.experts, rows, counts, self.ep_group)
         out_rows = out_rows * gate_weights[order].unsqueeze(-1).to(out_rows.dtype)
         out = torch.zeros_like(flat, dtype=out_rows.dtype).index_add_(0, token_of[order], out_rows).to(x.dtype)
         # Counted once per training forward: not again when activation checkpointing recomputes it inside backward,
         # nor in a pipeline stage's shape inference (without gradients).
-        if self.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+        if self.training and MoE.counting and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
             if self.stats is None:
                 self.stats = MoEStats(experts, x.device)
             self.stats.add(routed, (~keep).sum() if keep is not None else None, aux)
@@ -146,6 +154,32 @@ class MoE(nn.Module):
             out = AuxLoss.apply(out, self.aux_coef * aux[0] + self.z_coef * aux[1])
         out = out.reshape(shape)
         return out + self.shared(x) if self.shared is not None else out
+
+    def _within_capacity(self, expert_of: torch.Tensor, assignments: int) -> torch.Tensor:
+        """Which assignments (token-major) their expert takes: its first ceil(cf x assignments / experts)."""
+        capacity = math.ceil(self.capacity_factor * assignments / self.num_experts)
+        one_hot = F.one_hot(expert_of, self.num_experts)
+        position = ((one_hot.cumsum(0) - 1) * one_hot).sum(-1)  # each assignment's place in its expert's queue
+        return position < capacity
+
+    def _sequence_capacity(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Under context parallelism: the queues of cp=1, in the whole micro batch's token order. The group's
+        choices ([b, t_local, k] each) are all-gathered into whole sequences, every rank computes the same queue
+        positions, and keeps those of its own chunks."""
+        whole = self.context.whole_sequence(chosen)  # [b, T, k]
+        keep = self._within_capacity(whole.reshape(-1), whole.numel()).view(whole.shape)
+        return self.context.local(keep, dim=1).reshape(-1)  # type: ignore[no-any-return]
+
+    def _sequence_routing(self, routed: torch.Tensor, assignments: int) -> tuple[torch.Tensor, int]:
+        """The routed counts and assignments the load-balancing fraction is over: this rank's, or under context
+        parallelism the whole sequences' (summed over the cp ranks, one small all-reduce). With the whole fraction
+        and this rank's mean probabilities, the mean of the cp ranks' balance losses is cp=1's, and so is the
+        mean of their gradients (each rank's is its own tokens' share, times cp, as the cross-entropy's)."""
+        if self.cp_group is None:
+            return routed, assignments
+        whole = routed.clone()
+        dist.all_reduce(whole, group=self.cp_group)
+        return whole, assignments * dist.get_world_size(self.cp_group)
 
     def _aux_losses(self, logits: torch.Tensor, probs: torch.Tensor, routed: torch.Tensor,
                     assignments: int) -> torch.Tensor:

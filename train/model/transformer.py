@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.model.document_mask import attention_mask, masked_attention, positions_in_documents
+from train.model.mlp import MLP
 from train.model.moe import MoE, is_moe_layer, moe_config
 
 
@@ -159,21 +160,6 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, -1))
 
 
-class MLP(nn.Module):
-    """SwiGLU (gate, up, down) or GELU (up, down); separate projections so that tensor parallelism splits each."""
-
-    def __init__(self, cfg: Any) -> None:
-        super().__init__()
-        self.gate = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False) if cfg.mlp == "swiglu" else None
-        self.up = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
-        self.down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate is not None:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x), approximate="tanh"))
-
-
 class Block(nn.Module):
     def __init__(self, cfg: Any, layer: int = 0) -> None:
         super().__init__()
@@ -215,6 +201,8 @@ class Transformer(nn.Module):
         self.lm_head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        # trainer.loss_impl=fused (train/model/fused_head.py attach): the loss computed with the output layer.
+        self.head_loss: Any = None
         if cfg.position == "rope":
             cos, sin = rope_tables(cfg.max_seq_len, cfg.d_model // cfg.n_heads, cfg.rope_theta)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -244,13 +232,14 @@ class Transformer(nn.Module):
             self.lm_head = None
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
-                document_ids: torch.Tensor | None = None) -> torch.Tensor:
+                document_ids: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> Any:
         """Logits (a later pipeline stage's input and output: hidden states). With a `cache` (generation, one
         process): `tokens` are the positions after the cached ones, and their keys and values join it. With
         `document_ids` ([batch, seq], data.document_mask; every pipeline stage gets them): attention within each
         document and positions from each document's start (train/model/document_mask.py). With a `context`
         (parallel.cp, train/strategies/context_parallel.py): `tokens` are this rank's chunks of each sequence,
-        `document_ids` the whole sequence's, and the logits are its chunks'."""
+        `document_ids` the whole sequence's, and the logits are its chunks'. With `targets` and a fused loss
+        (trainer.loss_impl=fused): no logits, the loss's (total, cross-entropy, z-loss) instead."""
         start, positions, mask = 0, None, None
         if cache is not None:
             cache.check_room(tokens.shape[1])
@@ -283,6 +272,8 @@ class Transformer(nn.Module):
         if self.lm_head is None:
             return x
         assert self.final_norm is not None
+        if targets is not None and self.head_loss is not None:
+            return self.head_loss(self.final_norm(x), self.lm_head.weight, targets)
         return self.lm_head(self.final_norm(x))
 
 

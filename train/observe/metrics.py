@@ -13,6 +13,7 @@ from typing import Any
 from contract.rules.log_backends import backends
 from contract.rundir import env_faults, metrics_file
 from train.distributed import DistEnv
+from train.observe.scalars import NODE_SHARES, wandb_values
 
 log = logging.getLogger("slurmtrain")
 
@@ -112,8 +113,12 @@ class MetricsLogger:
         now = time.perf_counter()
         elapsed = max(now - self._last_time, 1e-9)
         # `time` (epoch seconds, when the step's row is written): when a step completed, e.g. a resume's first one.
-        row = {"step": step, "time": time.time(), **values, "tokens_per_s": (tokens - self._last_tokens) / elapsed,
-               "tokens": tokens, **(telemetry or {})}
+        rate = (tokens - self._last_tokens) / elapsed
+        fields = dict(telemetry or {})
+        shares = fields.pop(NODE_SHARES, None)
+        if shares is not None:  # each node's share of the tokens, at the row's rate: one clock for both figures
+            fields["tokens_per_s_by_node"] = {host: share * rate for host, share in shares.items()}
+        row = {"step": step, "time": time.time(), **values, "tokens_per_s": rate, "tokens": tokens, **fields}
         self._last_time, self._last_tokens = now, tokens
         return self._write(row)
 
@@ -218,23 +223,6 @@ def telemetry_text(row: dict[str, Any]) -> str:
     if row.get("stragglers"):
         text += " | stragglers: ranks " + ", ".join(str(s["rank"]) for s in row["stragglers"])
     return text
-
-
-def wandb_values(row: dict[str, Any]) -> dict[str, Any]:
-    """Scalars as they are, per-node throughput as one series per host, a mixture's tokens and epoch as one series
-    per source, the straggler count; the per-rank lists stay in metrics.jsonl (thousands of series would drown the
-    dashboard)."""
-    out: dict[str, Any] = {}
-    for key, value in row.items():
-        if key == "time":
-            continue  # wandb stamps every row itself (_timestamp)
-        if isinstance(value, int | float):
-            out[key] = value
-        elif key in ("tokens_per_s_by_node", "tokens_by_source", "epoch_by_source"):
-            out.update({f"{key}/{name}": v for name, v in value.items()})
-        elif key == "stragglers":
-            out["stragglers"] = len(value)
-    return out
 
 
 def _row_step(line: str) -> float:

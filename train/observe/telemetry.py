@@ -35,6 +35,7 @@ import torch.distributed as dist
 from contract.rules.flops import flops_per_token
 from train.distributed import DistEnv, gather_hosts
 from train.observe.metrics import log
+from train.observe.scalars import NODE_SHARES
 
 # Fault injection for tests: "RANK:SECONDS" makes RANK sleep that long in every step (a slow rank).
 TEST_SLOW_RANK_ENV = "SLURMTRAIN_TEST_SLOW_RANK"
@@ -60,7 +61,7 @@ def peak_tflops(cfg: Any) -> float | None:
         from contract.rules.float8 import peak_tflops as precision_peak
 
         fp8 = enabled(cfg.precision)
-        peak = precision_peak(cfg.precision.name, dict(cfg.cluster.peak_tflops), cfg.model if fp8 else None,
+        peak = precision_peak(cfg.precision, dict(cfg.cluster.peak_tflops), cfg.model if fp8 else None,
                               int(cfg.data.seq_len) if fp8 else 0)
         if peak is not None:
             return float(peak)
@@ -79,9 +80,12 @@ def interval_fields(rows: list[list[float]], hosts: list[str], tokens_per_rank_s
         work_s.append(max(compute - sync, 0.0) / n)
         tok_s.append(steps * tokens_per_rank_step / wall if wall > 0 else 0.0)
         mem_gib.append(mem / GIB)
+    # The tokens each node's ranks trained this interval, as shares of all of them: the metrics row turns them into
+    # tokens/s on its own clock (MetricsLogger.log), so the nodes' figures sum to its tokens_per_s (one host: equal).
     by_node: dict[str, float] = defaultdict(float)
-    for host, t in zip(hosts, tok_s, strict=True):
-        by_node[host] += t
+    for host, (_, steps, *_rest) in zip(hosts, rows, strict=True):
+        by_node[host] += steps * tokens_per_rank_step
+    trained = sum(by_node.values())
     tflops = statistics.fmean(tok_s) * flops_per_tok / 1e12
     step_time, data_wait = max(step_s), max(data_s)
     fields: dict[str, Any] = {
@@ -94,7 +98,7 @@ def interval_fields(rows: list[list[float]], hosts: list[str], tokens_per_rank_s
         fields["mfu"] = tflops / peak
     fields.update({
         "peak_mem_gib": max(mem_gib),
-        "tokens_per_s_by_node": dict(by_node),
+        NODE_SHARES: {host: n / trained if trained else 0.0 for host, n in by_node.items()},
         "rank_step_time_s": step_s,
         "rank_data_wait_s": data_s,
         "rank_work_s": work_s,

@@ -1,6 +1,6 @@
 """logger.backend=tensorboard: the metrics rows as TensorBoard scalars, in RUN_DIR/tensorboard/ (rank 0 writes).
 
-The same values as wandb's (metrics.wandb_values: the scalars, one series per host or source), each at its row's
+The same values as wandb's (scalars.wandb_values: the scalars, one series per host or source), each at its row's
 step and wall time. A resumed attempt, or an in-process rollback, redoes the steps after its checkpoint: it opens a
 new event file whose purge step hides the earlier events past the checkpoint (TensorBoard's own purge_step, the
 twin of metrics.jsonl dropping those rows), so each step shows once, as it was finally trained.
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from train.observe.scalars import wandb_values
 
 DIR_NAME = "tensorboard"
 
@@ -28,8 +30,6 @@ class TensorBoardLog:
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=step + 1)
 
     def log(self, row: dict[str, Any]) -> None:
-        from train.observe.metrics import wandb_values
-
         for key, value in wandb_values(row).items():
             self.writer.add_scalar(key, value, global_step=row["step"], walltime=row.get("time"))
 

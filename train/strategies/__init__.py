@@ -6,7 +6,11 @@
     tensor_parallel.py    Megatron's column / row split of the transformer (DTensor)
     pipeline.py           pipeline stages and their schedules
     context_parallel.py   every sequence split over parallel.cp ranks: head-tail chunks, their attention
+    expert_parallel.py    parallel.ep: each MoE layer's experts over data-parallel ranks, tokens by all-to-all
+    expert_stages.py      parallel.ep under parallel.pp: the ep groups of one stage's data-parallel ranks
     limits.py             what a backend can't shard (one-line refusals)
+    grad_compression.py   strategy.grad_compression: DDP's communication hook (bf16, fp16, PowerSGD and its per-rank
+                          state, checkpointed), FSDP2's reduce dtype
 """
 
 from __future__ import annotations
@@ -14,30 +18,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from contract.rules.per_block import PER_BLOCK, compiles_blocks, needs_blocks
 from contract.rules.strategy_names import REGISTRY
 
 if TYPE_CHECKING:  # the registry itself stays importable on a login node, without torch
     from train.strategies.base import Strategy
-
-# Strategies that shard model by model block (FSDP's units): they need the model's blocks found.
-PER_BLOCK = ("fsdp", "fsdp_grad_op", "hsdp")
-
-
-def needs_blocks(strategy_cfg: Any) -> str | None:
-    """Why this strategy config needs the model's repeated blocks, or None when it can train a model without."""
-    if getattr(strategy_cfg, "activation_checkpointing", False):
-        return "strategy.activation_checkpointing=true recomputes per block"
-    if compiles_blocks(strategy_cfg):
-        return "strategy.compile=true compiles per block"
-    if getattr(strategy_cfg, "name", None) in PER_BLOCK:
-        return f"strategy={strategy_cfg.name} shards per block"
-    return None
-
-
-def compiles_blocks(strategy_cfg: Any) -> bool:
-    """strategy.compile with strategy.compile_unit=blocks (a config.yaml from before the key: blocks)."""
-    return bool(getattr(strategy_cfg, "compile", False)) and getattr(strategy_cfg, "compile_unit", "blocks") == "blocks"
-
 
 def strategy_class(name: str) -> type[Strategy]:
     """The class of a registered strategy (its module is imported only now)."""

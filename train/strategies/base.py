@@ -64,6 +64,15 @@ class Strategy:
         self.trains = True
         # precision=fp8 under FSDP2 with tensorwise scaling: weights all-gathered in float8 (train/model/float8.py).
         self.float8_all_gather = False
+        # strategy.grad_compression's DDP hook and its per-rank state (train/strategies/grad_compression.py), or None.
+        self.compression: Any = None
+        # parallel.replica_groups (train/replicas): the groups the data-parallel ranks are split into; dp_rank and
+        # dp_size then count every group's ranks, and `replicas` averages the gradients across the groups.
+        self.replica_groups = 1
+        self.replicas: Any = None
+        # trainer.loss_impl=fused: our transformer's forward takes the targets and returns the loss
+        # (train/model/fused_head.py).
+        self.fused_loss = False
 
     # -- set-up --------------------------------------------------------------------------------------------
     @classmethod
@@ -94,6 +103,9 @@ class Strategy:
 
         self.trains = train
         self.check_model(model)
+        from train.model.fused_head import attach as attach_fused_loss
+
+        self.fused_loss = attach_fused_loss(model, self.cfg)
         if float8.enabled(self.cfg.precision):  # before compile and wrapping (torchtitan's order)
             from train.model.float8 import convert
 
@@ -126,7 +138,12 @@ class Strategy:
             if self.layout.tp > 1:
                 apply_tensor_parallel(model, self.layout.mesh["tp"])
         # parallel.ep: this rank's experts only, left out of the wrapping below (train/strategies/expert_parallel.py).
-        self.expert_parallel = apply_expert_parallel(model, self.cfg, self.device.type)
+        if self.layout is not None and self.layout.pp > 1:  # a stage's experts over the stage's data ranks
+            from train.strategies.expert_stages import apply_stage_expert_parallel
+
+            self.expert_parallel = apply_stage_expert_parallel(model, self.cfg, self.device.type, self.layout)
+        else:
+            self.expert_parallel = apply_expert_parallel(model, self.cfg, self.device.type)
         self.blocks = prepare_blocks(model, self.cfg.model, self.cfg.strategy)
         if self.layout is not None and self.layout.pp > 1:
             from train.strategies.pipeline import chunks
@@ -232,6 +249,9 @@ class Strategy:
         untouched). The schedule advances either way: the rate follows the trainer's step."""
         assert self.model is not None and self.optimizer is not None and self.scheduler is not None
         clip = self.grad_clip
+        if self.replicas is not None and not self.replicas.average(list(self.model.parameters())):
+            self.optimizer.zero_grad(set_to_none=True)  # discarded: a group was lost mid-all-reduce; trained again
+            return torch.zeros((), device=self.device)
         if self.expert_parallel is not None:  # the experts' gradients: averaged over data-parallel ranks as the rest
             self.expert_parallel.reduce_gradients()
         if self.scaler is not None:

@@ -154,6 +154,15 @@ class ContextShard:
         dist.all_reduce(total, group=self.group)
         return mine * self.cp / total.clamp(min=1)
 
+    def whole_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, t_local, ...] of every rank of the group -> [b, T, ...] in sequence order (no gradient)."""
+        parts = x.new_empty((self.cp * x.shape[0], *x.shape[1:]))  # gloo: the ranks' tensors end to end
+        dist.all_gather_into_tensor(parts, x.contiguous(), group=self.group)
+        gathered = parts.view(self.cp, *x.shape).movedim(0, 1).reshape(x.shape[0], -1, *x.shape[2:])  # gathered_positions order
+        whole = torch.empty_like(gathered)
+        whole[:, gathered_positions(gathered.shape[1], self.cp, x.device)] = gathered
+        return whole
+
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """[b, h, t_local, d] -> [b, h, T, d] in gathered_positions order; autograd-correct (the backward returns
         each rank the sum of every rank's gradient for its keys and values)."""
@@ -194,5 +203,10 @@ def ring_attention(mesh: Any) -> nn.Module:
 
 
 def attach(model: nn.Module, shard: ContextShard) -> None:
-    """Make `model` (slurmtrain's transformer) run its share of each sequence."""
+    """Make `model` (slurmtrain's transformer) run its share of each sequence; its MoE layers (if any) reduce their
+    load-balancing fraction over the cp group (train/model/moe.py)."""
+    from train.model.moe import moe_layers
+
     model.context = shard  # type: ignore[assignment]
+    for _, layer in moe_layers(model):
+        layer.cp_group, layer.context = shard.group, shard

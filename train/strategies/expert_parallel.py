@@ -4,7 +4,9 @@ As torchtitan and Megatron-Core lay it out, the ep ranks are taken from the data
 rank r is ep rank r mod N, and holds experts [ep_rank x E/N, (ep_rank + 1) x E/N); the ranks r, r + N, r + 2N ...
 (the "edp" group) hold the same experts. A MoE layer's tokens, grouped by expert, go to their experts' rank by one
 all-to-all with uneven splits and come back by another (`run_experts`; autograd runs both the other way); an expert
-runs on each source rank's rows apart, so the losses do not depend on ep.
+runs on each source rank's rows apart, the products an ep=1 rank computes; an expert's gradient is summed over the
+ranks in another order, so the losses are ep=1's bit for bit on 2 ranks and to fp32 rounding on more
+(docs/strategies.md).
 
 Dense parameters stay with the strategy (DDP replicates them, FSDP/HSDP shards them as always); the expert
 parameters are left out of its wrapping and handled here:
@@ -101,7 +103,7 @@ class ExpertParallel:
                 self.names.append(f"{name}.experts.{pname}")
                 self.params.append(part)
             experts.first, experts.count = first, local
-            layer.ep_group = self.ep_group
+            layer.ep_group, layer.dispatch = self.ep_group, run_experts
 
     def owns(self, p: torch.Tensor) -> bool:
         return any(p is q for q in self.params)
@@ -126,11 +128,15 @@ class ExpertParallel:
         expert_sq = torch.nn.utils.get_total_norm(experts).pow(2) if experts else torch.zeros(())
         expert_sq = expert_sq.to(dense_norm)
         dist.all_reduce(expert_sq, group=self.ep_group)
-        norm = (dense_norm.pow(2) + expert_sq).sqrt()
+        norm = self._total_norm(dense_norm, expert_sq)
         coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         local = [g.to_local() if isinstance(g, DTensor) else g for g in dense + experts]
         torch._foreach_mul_(local, coefficient)
         return norm
+
+    def _total_norm(self, dense_norm: torch.Tensor, expert_sq: torch.Tensor) -> torch.Tensor:
+        """The global norm from the dense gradients' norm and the experts' squared norm (summed over ep ranks)."""
+        return (dense_norm.pow(2) + expert_sq).sqrt()
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def _is_expert(self, key: str) -> bool:

@@ -15,11 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from train.observe import quiet
 from train.strategies.base import Strategy
+from train.strategies.grad_compression import reduce_dtype
 from train.strategies.limits import dtype_refusal, scalar_parameters
 
 
@@ -65,14 +66,17 @@ class FSDPStrategy(Strategy):
         # Passed only when there are some: older torch has no ignored_params.
         # parallel.ep: the expert parameters stay this rank's experts, whole (train/strategies/expert_parallel.py).
         experts = self.expert_parallel.params if self.expert_parallel is not None else []
-        ignored: dict[str, Any] = ({"ignored_params": set(self.replicated) | set(experts)}
+        options: dict[str, Any] = ({"ignored_params": set(self.replicated) | set(experts)}
                                    if self.replicated or experts else {})
+        dtype = reduce_dtype(self.cfg, self.env)  # strategy.grad_compression=bf16/fp16: FSDP2 reduces in it
+        if dtype is not None:
+            options["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=dtype)
         for block in self.blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, **ignored)
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, **options)
         # The root keeps its parameters after forward: backward needs them at once (tied embedding/head). An
         # interleaved pipeline runs views of the model, one per stage: each is a root of its own.
         for root in [p for p in self.parts if p is not model] or [model]:
-            fully_shard(root, mesh=mesh, reshard_after_forward=False, **ignored)
+            fully_shard(root, mesh=mesh, reshard_after_forward=False, **options)
         return model
 
     def replica_set(self) -> tuple[tuple[int, ...], list[tuple[str, torch.Tensor]]]:

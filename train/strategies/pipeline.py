@@ -46,6 +46,7 @@ class Chunk(nn.Module):
         self.pos_embed = model.pos_embed if layers.start == 0 else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[str(i)] for i in layers})
         self.final_norm = model.final_norm if layers.stop == n_layers else None
+        self.context = getattr(model, "context", None)  # parallel.cp: this rank's chunks of each sequence
         self.lm_head = model.lm_head if layers.stop == n_layers else None
         if self.cfg.position == "rope":
             self.register_buffer("rope_cos", model.rope_cos, persistent=False)
@@ -85,6 +86,25 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, layout: Any) -> 
     return norm
 
 
+def _uncounted_inference(stage: Any) -> None:
+    """torch infers a stage's shapes once by running its forward, with gradients (torch 2.13), on empty tensors: a
+    MoE layer must not count that routing in its telemetry (step 1's load-balancing loss read nan)."""
+    from train.model.moe import MoE
+
+    infer = getattr(stage, "_forward_metadata_inference", None)
+    if infer is None:
+        return
+
+    def uncounted(*args: Any, **kwargs: Any) -> Any:
+        MoE.counting = False
+        try:
+            return infer(*args, **kwargs)
+        finally:
+            MoE.counting = True
+
+    stage._forward_metadata_inference = uncounted
+
+
 class Pipeline:
     def __init__(self, strategy: Any, parts: list[nn.Module]) -> None:
         layout, cfg = strategy.layout, strategy.cfg
@@ -94,18 +114,29 @@ class Pipeline:
         group = layout.pp_group
         stages: list[Any] = [PipelineStage(part, s, layout.pp * virtual, strategy.device, group=group)
                   for part, s in zip(parts, rank_stages(layout.pp_rank, layout.pp, virtual), strict=True)]
+        for stage in stages:
+            _uncounted_inference(stage)
         n_micro = int(cfg.trainer.grad_accum_steps)
+        # parallel.cp: a training micro batch's loss is weighed by the rank's share of the counted targets, as
+        # train/step.py weighs it without a pipeline; evaluation sums unweighed means times their own counts.
+        self.context, self.weigh = strategy.context, False
         self.schedule = (Schedule1F1B(stages[0], n_microbatches=n_micro, loss_fn=self._loss) if virtual == 1 else
                          ScheduleInterleaved1F1B(stages, n_microbatches=n_micro, loss_fn=self._loss))
 
-    @staticmethod
-    def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        if self.context is not None and self.weigh:
+            loss = loss * self.context.target_share(targets.reshape(-1))
+        return loss
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """One optimizer step's forward and backward over every micro batch; a loss whose world mean is the
         step's mean loss (the last stage's, times pp; zero elsewhere). `extra`: the batch's document ids."""
-        losses = self._run(self.schedule.step, inputs, targets, extra)
+        self.weigh = True
+        try:
+            losses = self._run(self.schedule.step, inputs, targets, extra)
+        finally:
+            self.weigh = False
         if not self.last:
             return torch.zeros((), device=inputs.device)
         return torch.stack([loss.detach() for loss in losses]).mean() * self.pp

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from contract.errors import ConfigError
-from contract.rules.init_source import KEY, MODEL_DIR, InitSource, hf_config_json
+from contract.rules.init_source import KEY, MODEL_DIR, RESUME_KEY, InitSource, hf_config_json
 from train.weights.export import MODEL_PREFIX, clean_key, tie_groups
 from train.weights.files import tensor_reader, tensor_shapes
 from train.weights.hf_conversion import Conversion, ConversionFailed, NativeConversion
@@ -170,6 +170,10 @@ def _model_differences(src: InitSource, model_cfg: Any) -> list[str]:
 
 def fix_for(src: InitSource, model_cfg: Any) -> str:
     """How to make the weights and the model agree, as specific as the source allows."""
+    if src.key == RESUME_KEY:  # the run's code changed since the checkpoint was written (launcher/plan/code_change.py)
+        return ("the code changed since it was written builds another model: resume with the code that trained it, "
+                "or start a new run (another run.name; model.init_from=RUN/checkpoints/step_N starts from its "
+                "weights if they fit)")
     if src.key != KEY:  # a run's own checkpoint, built from its own config: the model's code changed since
         return ("the model its config.yaml builds has changed since the checkpoint was written: evaluate it with the "
                 "slurmtrain version that trained it")

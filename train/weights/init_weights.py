@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from contract.errors import ConfigError
-from contract.rules.init_source import KEY, MODEL_DIR, InitSource, resolve
+from contract.rules.init_source import KEY, MODEL_DIR, RESUME_KEY, InitSource, checkpoint_source, resolve
 from contract.rundir import ckpt_layout as layout
 from train.weights.export import clean_key
 from train.weights.files import tensor_reader
@@ -152,6 +152,9 @@ def check(request: dict[str, Any]) -> dict[str, Any]:
         built = build_for_probe(model_cfg)
         if built.model is None:
             return {"error": built.error or built.note, "kind": "build"}
+        if request.get("resume_from"):  # a resume after the code changed: does its checkpoint fit the new model?
+            src = checkpoint_source(Path(request["resume_from"]), key=RESUME_KEY)
+            return {"resume_tensors": check_fit(built.model, src, model_cfg)}
         return init_from_fit(built.model, model_cfg)
     except ConfigError as err:
         return {"error": str(err), "kind": "config"}

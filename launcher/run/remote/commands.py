@@ -68,8 +68,8 @@ def _remote_args(argv: list[str]) -> tuple[str, list[str], str | None, list[str]
             continue
         if arg.startswith(("+remote=", "remote=")):
             name = arg.split("=", 1)[1]
-        elif arg.startswith("remote.") and "=" in arg:
-            overrides.append(arg)
+        elif config.is_override(arg) and "=" in arg:
+            overrides.append(config.override_text(arg))
         elif arg in ("--config-dir", "-cd") and i + 1 < len(argv):
             config_dir, skip = argv[i + 1], True
         elif arg.startswith("--config-dir="):

@@ -7,13 +7,14 @@ import os
 import sys
 from pathlib import Path
 
-from contract.errors import EXIT_BAD_INPUT, ConfigError
+from contract.errors import EXIT_BAD_INPUT, EXIT_KILLED, ConfigError
 from launcher.run.remote import config, hints, snapshot
 from launcher.run.remote.session import Session
 
 
 def forward(argv: list[str]) -> int | None:
     """Run ARGV on the remote it names; None when it names none (the command runs here)."""
+    stage = "before logging in"
     try:
         args = config.split_args(argv)
         if args is None:
@@ -23,23 +24,30 @@ def forward(argv: list[str]) -> int | None:
         rest = _relative_config_dir(args.rest, project)
         snap = snapshot.take(project, remote)  # the size limit before any login
         session = Session.open(remote)
+        stage = f"while checking the login node of remote {remote.name}"
         present = session.check(snap.id)
-        if present:
-            print(f"remote {remote.name}: snapshot {snap.id} already on {remote.host}, not copied", file=sys.stderr)
-        else:
+        if not present:
+            stage = f"while copying the project to {remote.host} (the part copied there is removed)"
             like = session.newest_snapshot and f"{session.workdir_abs}/{snapshot.SNAPSHOTS}/{session.newest_snapshot}"
             snapshot.ship(snap, session.conn, remote, like=like)
-            print(f"remote {remote.name}: snapshot {snap.id} copied to {remote.host} ({len(snap.files)} files, "
-                  f"{snapshot.size_text(snap.size)})", file=sys.stderr)
+        print(snapshot.copy_line(remote.name, remote.host, snap, copied=not present), file=sys.stderr)
+        stage = f"before the command ran on {remote.host}"
         # The same files may have been shipped at another commit (or by a copy that finished first): the run
         # records this launch's.
         env = snapshot.record_git_state(snap, session.conn, remote) if snap.git is not None else {}
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # it blamed rsync (whose exit code the copy then read), and left the copy there
+        print(f"launcher: interrupted (Ctrl-C) {stage}: nothing was submitted; run the same command again",
+              file=sys.stderr)
+        return EXIT_KILLED
     env.update(hints.origin_env(remote.name, args.config_dir, args.overrides, session.workdir_abs))  # hints for here
     tty = sys.stdin.isatty() and sys.stdout.isatty()
     code, _ = session.run_python("launcher", rest, cwd_below=(snapshot.SNAPSHOTS, snap.id), tty=tty, env=env)
+    if code and code != EXIT_KILLED and snap.git_top is not None:  # the error above may be a file left behind
+        print(f"remote {remote.name}: note: only {snap.project} was shipped, not the git work tree {snap.git_top} "
+              "above it: if the error names a module or file outside it, run from there", file=sys.stderr)
     return code
 
 

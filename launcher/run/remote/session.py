@@ -21,6 +21,7 @@ _PROBE = ("import importlib.metadata as m, launcher, contract.config.schema\n"
           "try:\n    v = m.version('slurmtrain')\nexcept m.PackageNotFoundError:\n    v = 'unknown'\n"
           f"print({_VERSION!r}, v)\n")
 MISSING_PYTHON = 127
+PYCACHE = ".pycache"  # under the work directory: the bytecode of the snapshots' modules
 # The snapshot a run was launched from (its environment.json), for each argument that is a run or checkpoint dir.
 _RUN_SNAPSHOT = ("import json, sys\nfrom pathlib import Path\nfor a in sys.argv[1:]:\n"
                  "    for d in (Path(a), Path(a).parent.parent):\n        try:\n"
@@ -108,7 +109,10 @@ class Session:
             code_of_run = [f"snap=$({find} 2>/dev/null) || snap=",
                            'if [ -n "$snap" ]; then export PYTHONPATH="$snap${PYTHONPATH:+:$PYTHONPATH}"; fi']
         exports = [f"export {key}={shlex.quote(value)}" for key, value in (env or {}).items()]
-        script = "\n".join([self._prelude(), self._cd(*cwd_below), *code_of_run, *exports,
+        # Bytecode goes to WORKDIR/.pycache, never into a snapshot (a directory named by the hash of its content):
+        # the launcher, its probe and the jobs it submits (sbatch passes the environment on) import from there.
+        pycache = [self._cd(), f'export PYTHONPYCACHEPREFIX="${{PYTHONPYCACHEPREFIX:-$PWD/{PYCACHE}}}"']
+        script = "\n".join([self._prelude(), *pycache, self._cd(*cwd_below), *code_of_run, *exports,
                             "exec " + shlex.join([self.remote.python, "-m", module, *args])])
         if not capture:
             done = self.conn.run(script, tty=tty)

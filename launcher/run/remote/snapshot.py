@@ -13,11 +13,12 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from contract.remote_snapshot import (
 from launcher.run.remote.ssh import Connection
 
 MB = 1024 * 1024
+RSYNC_SIGNALLED = 20  # rsync's exit code when a SIGINT, SIGTERM or SIGHUP stopped it
 
 
 @dataclass
@@ -47,6 +49,10 @@ class Snapshot:
     files: list[SnapshotFile]
     git: dict[str, Any] | None
     manifest: dict[str, Any]
+    # Files (or a directory, NAME/) left out as secrets that would have been shipped otherwise.
+    withheld: list[str] = field(default_factory=list)
+    # The git work tree's top when the project is a directory below it: only the project is shipped.
+    git_top: Path | None = None
 
     @property
     def id(self) -> str:
@@ -62,14 +68,57 @@ def take(project: Path, remote: RemoteConfig) -> Snapshot:
     git = _git_files(project)
     excluded = (SECRET_EXCLUDE + BYTECODE + (MANIFEST, OUTPUTS) if git is not None else DEFAULT_EXCLUDE) + tuple(
         remote.exclude)
-    paths = git if git is not None else _walk(project, excluded)
+    secret_dirs: list[str] = []
+    paths = git if git is not None else _walk(project, excluded, secret_dirs)
     kept = sorted(p for p in paths if not _excluded(p, excluded))
+    withheld = secret_dirs + [p for p in paths if _excluded(p, SECRET_EXCLUDE)]
     sizes = {p: (project / p).lstat().st_size for p in kept if (project / p).is_file() or (project / p).is_symlink()}
     _check_size(project, sizes, remote)
     files = [_file(project, p) for p in sizes]
     git_info = _git_state(project, set(sizes)) if git is not None else None
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return Snapshot(project, files, git_info, manifest(files, str(project), git_info, created))
+    # The manifest names no commit: the same files are launched again at other commits (it named the first launch's,
+    # a stale label); each launch's state is written beside it (record_git_state).
+    return Snapshot(project, files, git_info, manifest(files, str(project), None, created),
+                    _secret_names(withheld), _git_top(project) if git is not None else None)
+
+
+def _secret_names(paths: list[str]) -> list[str]:
+    """Each withheld path as its first part that is a secret: `.ssh/` for everything under it."""
+    names: dict[str, None] = {}
+    for path in paths:
+        parts = path.rstrip("/").split("/")
+        at = next((i for i, part in enumerate(parts) if _excluded(part, SECRET_EXCLUDE)), len(parts) - 1)
+        names["/".join(parts[: at + 1]) + ("/" if at < len(parts) - 1 or path.endswith("/") else "")] = None
+    return sorted(names)
+
+
+def _commit_text(git: dict[str, Any] | None) -> str:
+    if git is None:
+        return ""
+    commit = str(git.get("commit") or "")[:12] or "no commit yet"
+    return f" (commit {commit}{', with uncommitted changes' if git.get('dirty') else ''})"
+
+
+def _git_top(project: Path) -> Path | None:
+    top = _git(project, "rev-parse", "--show-toplevel").stdout.strip()
+    return Path(top) if top and Path(top).resolve() != project.resolve() else None
+
+
+def copy_line(name: str, host: str, snap: Snapshot, copied: bool) -> str:
+    """What a launch says of its snapshot: copied or already there, the secrets withheld, and, from a directory
+    below a git work tree's top, that only it is shipped."""
+    what = (f"copied to {host} ({len(snap.files)} files, {size_text(snap.size)})" if copied
+            else f"already on {host}, not copied")
+    line = f"remote {name}: snapshot {snap.id}{_commit_text(snap.git)} {what}"
+    if snap.withheld:
+        shown = snap.withheld[:6] + ([f"{len(snap.withheld) - 6} more"] if len(snap.withheld) > 6 else [])
+        line += f"; secrets withheld: {', '.join(shown)}"
+    if snap.git_top is not None:
+        line += (f"\nremote {name}: only {snap.project} is shipped, the directory this command was typed in, not the "
+                 f"git work tree {snap.git_top} above it: a module, config or data path outside it is not on the "
+                 f"cluster; run from {snap.git_top} to ship it all")
+    return line
 
 
 def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
@@ -77,10 +126,12 @@ def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatch(path, pat) or any(fnmatch.fnmatch(part, pat) for part in parts) for pat in patterns)
 
 
-def _walk(project: Path, excluded: tuple[str, ...]) -> list[str]:
+def _walk(project: Path, excluded: tuple[str, ...], secret_dirs: list[str]) -> list[str]:
+    """Every file below PROJECT, less the excluded directories; those excluded as secrets are put in SECRET_DIRS."""
     found: list[str] = []
     for root, dirs, names in os.walk(project):
         rel = Path(root).relative_to(project)
+        secret_dirs += [(rel / d).as_posix() + "/" for d in dirs if _excluded((rel / d).as_posix(), SECRET_EXCLUDE)]
         dirs[:] = [d for d in dirs if not _excluded((rel / d).as_posix(), excluded)]
         found += [(rel / n).as_posix() for n in names]
     return found
@@ -179,8 +230,14 @@ def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig, like: str =
         # -s: paths with spaces survive the remote shell; -rlpt: no owner or group (the cluster's user owns it).
         # Whole files (-W): rsync 3.2.7's deltas against a --link-dest basis failed their own verification here.
         link = ["-W", f"--link-dest={like}"] if like else []
-        out = rsync([*link, "--from0", f"--files-from={listing.name}", "-e", conn.rsync_shell(), f"{snapshot.project}/",
-                     f"{remote.host}:{snaps}/{incoming}/"])
+        try:
+            out = rsync([*link, "--from0", f"--files-from={listing.name}", "-e", conn.rsync_shell(),
+                         f"{snapshot.project}/", f"{remote.host}:{snaps}/{incoming}/"])
+        except KeyboardInterrupt:
+            out = None
+    if out is None or out.returncode == RSYNC_SIGNALLED:  # Ctrl-C: it blamed rsync and left the part copied there
+        _drop(conn, f"{snaps}/{incoming}")
+        raise KeyboardInterrupt
     if out.returncode:
         said = rsync_said(out.stderr)
         raise ConfigError(f"copying the project to {remote.host}:{snaps} failed ({said}): check that rsync is "
@@ -196,6 +253,19 @@ def ship(snapshot: Snapshot, conn: Connection, remote: RemoteConfig, like: str =
         said = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise ConfigError(f"the snapshot {snapshot.id} could not be completed on {remote.host} ({said}): check "
                           "that remote.workdir is writable")
+
+
+def _drop(conn: Connection, path: str) -> None:
+    """Remove a half-made copy on the login node after a Ctrl-C (a second one does not stop it: 30 s at most)."""
+    q = shlex.quote(path)
+    script = f"cd && for i in 1 2 3 4 5; do rm -rf {q} 2>/dev/null; [ -e {q} ] || break; sleep 1; done"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        subprocess.run(conn.command(script), stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def record_git_state(snapshot: Snapshot, conn: Connection, remote: RemoteConfig) -> dict[str, str]:

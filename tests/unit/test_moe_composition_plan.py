@@ -1,0 +1,48 @@
+"""Issue 48 item 27 in the launch plan: a mixture of experts with context parallelism (and ep over the same ranks)
+is planned and shown, and so are cp with pp and ep with pp; what is not built yet (MoE with tp) is refused in one
+line that says why and names the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.errors import ConfigError
+from launcher.compose import compose_and_plan
+
+MOE = ["model=moe_tiny", "strategy=fsdp", "launcher.dry_run=true"]
+
+
+def test_moe_with_cp_and_ep_is_planned_and_shown_in_the_layout() -> None:
+    _, plan = compose_and_plan([*MOE, "local.nproc=4", "parallel.cp=2", "parallel.ep=2",
+                                "model.moe.capacity_factor=1.25"])
+    assert plan.refusal in (None, ""), plan.refusal
+    assert "cp 2: the load-balancing loss over whole sequences" in plan.moe_line
+    assert "ep 2: 2 experts per rank" in plan.moe_line
+    assert any("context-parallel 2" in line for line in plan.layout_lines), plan.layout_lines
+
+
+def test_cp_with_pp_is_planned_and_shown_in_the_layout() -> None:
+    _, plan = compose_and_plan([*MOE, "local.nproc=4", "parallel.cp=2", "parallel.pp=2", "model.tie_embeddings=false",
+                                "trainer.global_batch_size=8", "trainer.micro_batch_size=1"])
+    text = "\n".join(plan.layout_lines)
+    assert "layout: tensor-parallel 1 x pipeline 2 x context-parallel 2 x data-parallel 1 = 4 ranks" in text, text
+    assert "dp 0 cp 0 stage 0 tp 0; dp 0 cp 0 stage 1 tp 0; dp 0 cp 1 stage 0 tp 0; dp 0 cp 1 stage 1 tp 0" in text
+    assert "2 ranks of a stage (x pipeline 2 x tensor-parallel 1) x data-parallel 1 = 4 ranks" in text
+    assert "pipeline: 8 micro batches per step" in text
+
+
+def test_ep_with_pp_is_planned_and_shown() -> None:
+    _, plan = compose_and_plan([*MOE, "local.nproc=4", "parallel.ep=2", "parallel.pp=2", "model.tie_embeddings=false",
+                                "trainer.global_batch_size=16", "trainer.micro_batch_size=1"])
+    assert "ep 2: 2 experts per rank of a stage" in plan.moe_line, plan.moe_line
+    assert any("tensor-parallel 1 x pipeline 2 x data-parallel 2 = 4 ranks" in line for line in plan.layout_lines)
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["local.nproc=2", "parallel.tp=2"], "a mixture of experts with tensor parallelism is not built yet"),
+])
+def test_what_is_not_built_is_refused_in_one_line(overrides: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        compose_and_plan([*MOE, *overrides])
+    message = str(refused.value)
+    assert says in message and "\n" not in message and "use " in message, message

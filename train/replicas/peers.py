@@ -1,0 +1,86 @@
+"""A replica group's place on SLURM (each group one task of a job array, launcher/run/replica_slurm.py): the
+lighthouse's address, this start's launch, and whether it heals.
+
+- The lighthouse's address is in RUN_DIR/lighthouse.json, written by whoever started it (a job of its own writes it
+  once it runs): every rank waits for it.
+- The launch (the start barrier's, contract/rundir/replicas.py) is the array's id and the step the group resumes
+  from (its newest complete checkpoint, 0 at the first start): the groups of a whole-array resume, each stopped at the
+  same step, meet there again and train on together, as an uninterrupted run would.
+- A task that SLURM started again (SLURM_RESTART_COUNT > 0) heals when another group is alive and training: one whose
+  Manager heartbeats to the lighthouse (its status page) and that is not waiting at the start barrier itself (a
+  group of a whole-array resume that came first). Otherwise it resumes from its newest checkpoint. The group's rank 0
+  decides and its ranks follow (one all-reduce).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from contract.rundir import ckpt_layout as layout
+from contract.rundir import replicas as contract
+from contract.rundir.replicas import live_groups
+from train.observe.metrics import log
+
+
+def waiting_file(main_dir: Path, group: int) -> Path:
+    """Present while the group's rank 0 waits at the start barrier (train/replicas/manager.py start_barrier)."""
+    return Path(main_dir) / "replicas" / "waiting" / f"group_{group}"
+
+
+def waiting_groups(main_dir: Path) -> set[int]:
+    folder = Path(main_dir) / "replicas" / "waiting"
+    return {int(p.name.split("_")[1]) for p in folder.glob("group_*")} if folder.is_dir() else set()
+
+
+def slurm_array() -> tuple[str, int] | None:
+    """(array id, restart count) of this SLURM array task; None outside one."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if not array or os.environ.get("SLURM_ARRAY_TASK_ID") is None:
+        return None
+    return array, int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
+def lighthouse_address(main_dir: Path, timeout_s: float) -> str:
+    """The lighthouse of this launch, from RUN_DIR/lighthouse.json (its own job may still be starting)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = contract.read_lighthouse(main_dir)
+        if found and found.get("address"):
+            return str(found["address"])
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no lighthouse within {timeout_s:.0f} s: {main_dir / contract.LIGHTHOUSE_FILE} was "
+                               "not written (see its job's log in the run's slurm/ folder, lighthouse-JOB.out)")
+        time.sleep(0.5)
+
+
+def place_on_slurm(cfg: Any, env: Any, main_dir: Path, group: int, agree: Any) -> None:
+    """Under a SLURM array: the environment a local launcher would have given this group's ranks (LIGHTHOUSE_ENV,
+    LAUNCH_ENV, HEAL_ENV). `agree(values) -> values`: the group's ranks' largest of each (one all-reduce)."""
+    found = slurm_array()
+    if found is None or os.environ.get(contract.HEAL_ENV) is not None:
+        return
+    array, restarts = found
+    address = lighthouse_address(main_dir, float(cfg.watchdog.startup_timeout_s))
+    os.environ[contract.LIGHTHOUSE_ENV] = address if "://" in address else f"http://{address}"
+    latest = layout.latest_complete_checkpoint(contract.group_dir(main_dir, group))
+    os.environ[contract.LAUNCH_ENV] = f"{array}.s{latest.step if latest is not None else 0}"
+    heal = 0
+    if env.is_main and restarts > 0:
+        live = live_groups(address)
+        others = sorted((live or set()) - {group} - waiting_groups(main_dir))
+        heal = int(bool(others))
+        # No live group, and another finished the run while this task waited in the queue: its final checkpoint
+        # is this group's too (it would otherwise train the run's steps again alone, into other weights).
+        done = None if heal else contract.adopt_finished(main_dir, group, int(cfg.parallel.replica_groups),
+                                                         int(cfg.trainer.max_steps))
+        log.info("replica group %d started again (restart %d): %s", group, restarts,
+                 f"groups {others} are alive: healing from one (no checkpoint read)" if heal else
+                 f"group {done} finished the run meanwhile: its final checkpoint (step {cfg.trainer.max_steps}) is "
+                 "this group's; nothing to train again" if done is not None else
+                 "no other group is alive: resuming from the newest checkpoint" + (
+                     "" if live is not None else " (the lighthouse's status could not be read)"))
+    (heal,) = agree([heal])
+    os.environ[contract.HEAL_ENV] = str(int(heal))
