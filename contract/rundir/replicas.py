@@ -59,27 +59,45 @@ def group_dir(run_dir: Path, group: int) -> Path:
 
 def adopt_finished(run_dir: Path, group: int, groups: int, max_steps: int) -> int | None:
     """A group started again with no live group to heal from, after another group finished the run: that group's
-    final checkpoint is linked into this group's checkpoints (every group holds the same weights and optimizer state
-    at a committed step), so that this group resumes at the end and trains nothing again alone, and its directory
-    (RUN_DIR itself for group 0: what export and sample read) holds the run's final weights. Returns the group it
-    came from, or None. Hard links: nothing is copied, and a later save at that step replaces the files, never
-    rewrites them."""
+    final checkpoint is this group's too (adopt_newest), so that it resumes at the end and trains nothing again
+    alone, and its directory (RUN_DIR itself for group 0: what export and sample read) holds the run's final
+    weights. Returns the group it came from, or None."""
+    found = adopt_newest(run_dir, group, groups, at_least=max_steps)
+    return found[0] if found is not None else None
+
+
+def adopt_newest(run_dir: Path, group: int, groups: int, at_least: int = 0) -> tuple[int, int] | None:
+    """A group about to start from a checkpoint (no live group to heal from): the newest complete checkpoint of any
+    group, at step `at_least` or later, linked into this group's checkpoints when it is newer than this group's own.
+    Every group holds the same weights and optimizer state at a committed step, but their newest checkpoints can
+    differ (a group lost while saving one). From an older one of its own, a group would train the steps between
+    alone and meet the others at the same step count with other weights, and torchft heals only a group that is
+    behind: the groups would never be equal again. Returns (group it came from, step) when this group resumes
+    from a step at least `at_least` (its own checkpoint: its own number), else None. Hard links: nothing is
+    copied, and a later save at that step replaces the files, never rewrites them."""
     own = group_dir(run_dir, group)
     mine = layout.latest_complete_checkpoint(own)
+    best: tuple[int, Any] | None = None
     for g in range(groups):
         theirs = layout.latest_complete_checkpoint(group_dir(run_dir, g)) if g != group else None
-        if theirs is None or theirs.step < max_steps:
-            continue
-        if mine is not None and mine.step >= theirs.step:
-            return g  # taken at an earlier start
-        target = layout.step_dir(own, theirs.step)
-        partial = target.with_name(f".{target.name}.from_group_{g}")
-        shutil.rmtree(partial, ignore_errors=True)
+        if theirs is not None and theirs.step >= at_least and (best is None or theirs.step > best[1].step):
+            best = (g, theirs)
+    if best is None or (mine is not None and mine.step >= best[1].step):
+        if mine is None or mine.step < at_least:
+            return None
+        return (best[0] if best is not None and best[1].step == mine.step else group), mine.step  # taken before
+    g, theirs = best
+    target = layout.step_dir(own, theirs.step)
+    partial = target.with_name(f".{target.name}.from_group_{g}")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
         shutil.copytree(theirs.path, partial, copy_function=_link_or_copy)
-        shutil.rmtree(target, ignore_errors=True)  # an incomplete one of this group's own
-        partial.rename(target)
-        return g
-    return None
+    except OSError:  # removed meanwhile (a live group's retention): this group's own newest, as before
+        shutil.rmtree(partial, ignore_errors=True)
+        return (group, mine.step) if mine is not None and mine.step >= at_least else None
+    shutil.rmtree(target, ignore_errors=True)  # an incomplete one of this group's own
+    partial.rename(target)
+    return g, theirs.step
 
 
 def _link_or_copy(src: str, dst: str) -> None:

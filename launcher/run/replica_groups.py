@@ -4,9 +4,9 @@ its own torch.distributed world (its own store and port), one lighthouse for all
 A group whose rank fails is torn down whole at once (SIGKILL to every rank of it: a live rank 0 would keep the
 group in the quorum and hold the others until the quorum timeout), and started again with HEAL_ENV set when another
 group lives: it takes the state from a live group and reads no checkpoint. The other groups never stop. With no
-group alive it starts from the newest checkpoint, as a whole-run resume does; one lost once the others have finished
-the run takes a finished group's final checkpoint and is not trained again (contract/rundir/replicas.py
-adopt_finished). A group is started again in the background (its ranks' start-up takes seconds: the zygote imports
+group alive it starts from the newest checkpoint of any group (contract/rundir/replicas.py adopt_newest), as a
+whole-run resume does; one lost once the others have finished the run takes a finished group's final checkpoint
+and is not trained again (adopt_finished). A group is started again in the background (its ranks' start-up takes seconds: the zygote imports
 torch), so that the launcher goes on watching the others meanwhile: a second group lost then is torn down at once
 too, not once the first is up (its live rank 0 would hold the quorum, and a heal that comes after the live groups have
 ended finds nobody to heal from). A stop (Ctrl-C, SIGUSR1, SIGTERM to the launcher) goes to every group, and they stop
@@ -172,8 +172,13 @@ class ReplicaGroups:
         # (contract/rundir/failure_cost.py). A group that heals trains none of its steps again.
         local_ends.record_end(worker.run_dir, worker.procs[0].pid, worker.started, "crashed",
                               error=f"rank {rank} {reason}", **({"steps_lost": 0} if heal else {}))
-        print(f"launcher: replica group {group} lost (rank {rank} {reason}); torn down and restarted "
-              f"({'it heals from a live group' if heal else 'from the newest checkpoint: no group is alive'}); "
+        how = "it heals from a live group"
+        if not heal:  # the newest checkpoint of any group (another's when its own save of that step was cut short)
+            newest = contract.adopt_newest(self.run_dir, group, self.groups)
+            how = "from the newest checkpoint: no group is alive" + (
+                "" if newest is None else f"; step {newest[1]}" + ("" if newest[0] == group else
+                                                                   f", group {newest[0]}'s"))
+        print(f"launcher: replica group {group} lost (rank {rank} {reason}); torn down and restarted ({how}); "
               f"the other groups go on", file=sys.stderr, flush=True)
         self._restart(group, heal)
 

@@ -243,9 +243,12 @@ def test_a_stop_that_reaches_one_group_stops_it_alone_while_the_others_go_on(run
     assert "launcher: replica group 2 stopped alone with a checkpoint (a signal reached only it); started again" in (
         out.stderr)
     # Started again, it healed from a live group, or found the others done and was not trained again alone.
+    # (CI, under load: the others finished first; group 2 took their final checkpoint, as its own and bitwise.)
     healed = "healed from a live group" in text
     assert healed or re.search(r"replica group 2 lost \(rank 0 exit code \d+\) after group\(s\) \[0, 1\] finished the "
-                               r"run: not started again", out.stderr), out.stderr[-3000:]
+                               r"run: it takes group [01]'s final checkpoint and is not trained again",
+                               out.stderr), out.stderr[-3000:]
+    assert (group_dir(run_dir, 2) / "checkpoints" / f"step_{steps}" / "COMPLETE").is_file()
     # The ledger: group 2 left after step `left` and the others trained on without it from the next step.
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     gone = [e for e in events if e["kind"] == "replica_left"]
@@ -284,4 +287,4 @@ def test_a_lighthouse_that_dies_is_started_again_and_the_run_ends_whole(run_root
     assert "from the newest checkpoint: no group is alive" in err
     final = [weights(group_dir(run_dir, g) / "checkpoints" / f"step_{steps}", tmp_path) for g in range(2)]
     for name, value in final[0].items():
-        assert torch.equal(final[1][name], value), name
+        assert torch.equal(final[1][name], value), f"{name} differs at the end; the launcher said:\n{err[-3000:]}"

@@ -65,22 +65,27 @@ def place_on_slurm(cfg: Any, env: Any, main_dir: Path, group: int, agree: Any) -
     array, restarts = found
     address = lighthouse_address(main_dir, float(cfg.watchdog.startup_timeout_s))
     os.environ[contract.LIGHTHOUSE_ENV] = address if "://" in address else f"http://{address}"
-    latest = layout.latest_complete_checkpoint(contract.group_dir(main_dir, group))
-    os.environ[contract.LAUNCH_ENV] = f"{array}.s{latest.step if latest is not None else 0}"
     heal = 0
     if env.is_main and restarts > 0:
         live = live_groups(address)
         others = sorted((live or set()) - {group} - waiting_groups(main_dir))
         heal = int(bool(others))
-        # No live group, and another finished the run while this task waited in the queue: its final checkpoint
-        # is this group's too (it would otherwise train the run's steps again alone, into other weights).
-        done = None if heal else contract.adopt_finished(main_dir, group, int(cfg.parallel.replica_groups),
-                                                         int(cfg.trainer.max_steps))
-        log.info("replica group %d started again (restart %d): %s", group, restarts,
-                 f"groups {others} are alive: healing from one (no checkpoint read)" if heal else
-                 f"group {done} finished the run meanwhile: its final checkpoint (step {cfg.trainer.max_steps}) is "
-                 "this group's; nothing to train again" if done is not None else
-                 "no other group is alive: resuming from the newest checkpoint" + (
-                     "" if live is not None else " (the lighthouse's status could not be read)"))
+        # No live group: the newest checkpoint of any group is this group's (adopt_newest: one cut short in its own
+        # save would make it train the steps since alone, into other weights); one at max_steps when another group
+        # finished the run while this task waited in the queue: nothing to train again.
+        newest = None if heal else contract.adopt_newest(main_dir, group, int(cfg.parallel.replica_groups))
+        if heal:
+            how = f"groups {others} are alive: healing from one (no checkpoint read)"
+        elif newest is not None and newest[1] >= int(cfg.trainer.max_steps) and newest[0] != group:
+            how = (f"group {newest[0]} finished the run meanwhile: its final checkpoint (step {newest[1]}) is this "
+                   "group's; nothing to train again")
+        else:
+            how = "no other group is alive: resuming from the newest checkpoint" + (
+                "" if newest is None or newest[0] == group else f" (group {newest[0]}'s, step {newest[1]})") + (
+                "" if live is not None else " (the lighthouse's status could not be read)")
+        log.info("replica group %d started again (restart %d): %s", group, restarts, how)
     (heal,) = agree([heal])
+    # After the agreement: rank 0's adoption is on disk for every rank of the group.
+    latest = layout.latest_complete_checkpoint(contract.group_dir(main_dir, group))
+    os.environ[contract.LAUNCH_ENV] = f"{array}.s{latest.step if latest is not None else 0}"
     os.environ[contract.HEAL_ENV] = str(int(heal))
