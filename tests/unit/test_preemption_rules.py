@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
@@ -113,6 +114,27 @@ def test_a_long_error_keeps_its_head_and_its_cause() -> None:
     assert len(summary) <= 600
     assert summary.startswith("RuntimeError: Traceback") and summary.endswith("OSError: disk full")
     assert error_summary(ValueError("short")) == "ValueError: short"
+
+
+def test_a_deliberate_exit_logs_no_traceback(caplog: Any) -> None:
+    """A replica group started to heal that finds no live group exits EXIT_NO_PEER (73), having said why: its log
+    got "Traceback ... SystemExit: 73" after that line. A real error keeps its traceback."""
+    from contract.rundir.replicas import EXIT_NO_PEER
+    from train.faults.recovery import log_failure
+    from train.observe.metrics import log
+
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("DEBUG", logger=log.name):
+            assert log_failure(SystemExit(EXIT_NO_PEER)) is False
+            assert not caplog.records
+            try:
+                raise RuntimeError("a real failure")
+            except RuntimeError as err:
+                log_failure(err)
+            assert caplog.records and caplog.records[-1].exc_info is not None
+    finally:
+        log.removeHandler(caplog.handler)
 
 
 def test_the_launcher_blames_the_rank_that_failed_not_the_one_that_lost_its_peer(tmp_path: Path) -> None:

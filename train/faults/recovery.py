@@ -288,7 +288,10 @@ def end_for_environment(run_dir: Path, ending: Ending, err: BaseException, *, ra
 def log_failure(err: BaseException) -> bool:
     """The traceback of a failed rank. One that only lost a peer keeps it to its log file, off the terminal (rank 0
     of a local run): the launcher names the rank that failed first, and a peer that died of its environment ends
-    in one line there. True when it did so."""
+    in one line there. True when it did so. A SystemExit has none: it was decided, and said, where it was raised
+    (a replica group started to heal that found no live group, EXIT_NO_PEER)."""
+    if isinstance(err, SystemExit):
+        return False
     if is_secondary(err) and any(isinstance(h, logging.FileHandler) for h in log.handlers):
         _to_rank_log(logging.ERROR, "training failed: a peer went away", err)
         return True
