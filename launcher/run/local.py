@@ -167,22 +167,27 @@ class WorkerGroup:
                 except ProcessLookupError:
                     pass
 
-    def on_interrupt(self, signum: int, frame: FrameType | None) -> None:
+    def on_interrupt(self, signum: int, frame: FrameType | None, say: bool = True) -> None:
+        """A stop asked of the launcher, passed to the workers; `say`: the line on the terminal (replica groups: once
+        for all of them)."""
         now = time.monotonic()
         if self.stop_asked is not None and now - self.stop_asked < self.window:
             return  # the same interrupt, delivered again
         if signum == signal.SIGINT and self.stop_asked is not None:
             if self.settled():  # the stop is done: the workers are only exiting, and their end is recorded
-                print("launcher: got SIGINT again: the workers have already stopped (their end is recorded); "
-                      "waiting for them to exit", file=sys.stderr)
+                if say:
+                    print("launcher: got SIGINT again: the workers have already stopped (their end is recorded); "
+                          "waiting for them to exit", file=sys.stderr)
                 return
             self.killed = True
-            print("launcher: got SIGINT again: stopping the workers now, without a checkpoint", file=sys.stderr)
+            if say:
+                print("launcher: got SIGINT again: stopping the workers now, without a checkpoint", file=sys.stderr)
             self.signal_all(signal.SIGKILL)
             return
         self.stop_asked = now
-        print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop "
-              "(Ctrl-C again to stop them now, losing the steps since the last checkpoint)", file=sys.stderr)
+        if say:
+            print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop "
+                  "(Ctrl-C again to stop them now, losing the steps since the last checkpoint)", file=sys.stderr)
         self.signal_all(signal.SIGUSR1)
 
     def settled(self) -> bool:

@@ -111,8 +111,8 @@ class ReplicaGroups:
 
     def on_interrupt(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
-        for worker in self.workers:
-            worker.on_interrupt(signum, frame)
+        for g, worker in enumerate(self.workers):
+            worker.on_interrupt(signum, frame, say=g == 0)  # one line for all the groups
 
     def _alive(self, group: int) -> bool:
         """Running and up (a group still starting again is no peer to heal from)."""

@@ -188,6 +188,7 @@ def stop_and_resume(args: list[str], steps: int, after: int, run_root: Path, tmp
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 75, err[-3000:]  # checkpointed and stopped
+    assert err.count("asking workers to checkpoint and stop") == 1, err[-3000:]  # one line, not one per group
     saved = [sorted(p.name for p in (group_dir(run_dir, g) / "checkpoints").glob("step_*")) for g in range(2)]
     assert saved[0] == saved[1] and len(saved[0]) == 1, saved  # both groups at the same step
     assert int(saved[0][0].split("_")[1]) < steps

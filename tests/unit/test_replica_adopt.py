@@ -1,5 +1,6 @@
-"""A group started again with no live group, once another group finished the run, takes that group's final checkpoint
-(contract/rundir/replicas.py adopt_finished): linked, not copied, complete, and only a finished group's."""
+"""A group started again from a checkpoint with no live group takes the newest complete checkpoint of any group
+(contract/rundir/replicas.py adopt_newest), and, once another group finished the run, that group's final checkpoint
+(adopt_finished): linked, not copied, complete, and only a finished group's."""
 
 from __future__ import annotations
 
