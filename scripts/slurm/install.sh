@@ -31,29 +31,6 @@ if [[ ${#missing[@]} -eq 0 ]]; then
 fi
 echo "install.sh: installing ${missing[*]}"
 
-export DEBIAN_FRONTEND=noninteractive
-# Wait for a concurrent apt/dpkg (e.g. another provisioning step) instead of failing on the lock.
-APT=(apt-get -y -q -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
-
-# up.sh runs its own private munged/mariadbd/slurm daemons. Stop the package
-# postinsts from starting the system services (there is no init system here,
-# and a stray system mariadb/slurmctld would only waste memory or grab ports).
-# Only if nobody else has put a policy in place already.
-cleanup_policy=0
-if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-  chmod 755 /usr/sbin/policy-rc.d
-  cleanup_policy=1
-fi
-trap '[[ $cleanup_policy == 1 ]] && rm -f /usr/sbin/policy-rc.d' EXIT
-
-# A fresh machine may have empty package lists; refresh only when apt cannot
-# see the packages, or when the install fails (stale lists -> 404s).
-if ! apt-cache policy slurmdbd 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-  "${APT[@]}" update
-fi
-if ! "${APT[@]}" install --no-install-recommends "${missing[@]}"; then
-  "${APT[@]}" update
-  "${APT[@]}" install --no-install-recommends "${missing[@]}"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/../apt_install.sh"
+apt_install slurmdbd "${missing[@]}"
 echo "install.sh: done"

@@ -27,23 +27,6 @@ if [[ ${#missing[@]} -eq 0 ]]; then
 fi
 echo "install.sh: installing ${missing[*]}"
 
-export DEBIAN_FRONTEND=noninteractive
-APT=(apt-get -y -q -o DPkg::Lock::Timeout=600 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
-
-# up.sh runs its own sshd on its own port: keep the package's postinst from starting the system one on port 22.
-cleanup_policy=0
-if [[ ! -e /usr/sbin/policy-rc.d ]]; then
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-  chmod 755 /usr/sbin/policy-rc.d
-  cleanup_policy=1
-fi
-trap '[[ $cleanup_policy == 1 ]] && rm -f /usr/sbin/policy-rc.d' EXIT
-
-if ! apt-cache policy openssh-server 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-  "${APT[@]}" update
-fi
-if ! "${APT[@]}" install --no-install-recommends "${missing[@]}"; then
-  "${APT[@]}" update
-  "${APT[@]}" install --no-install-recommends "${missing[@]}"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/../apt_install.sh"
+apt_install openssh-server "${missing[@]}"
 echo "install.sh: done"
