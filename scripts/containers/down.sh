@@ -14,10 +14,10 @@ if [[ ! -e /etc/slurm/plugstack.conf.d/pyxis.conf && ! -e $SLURM_STATE/etc/plugs
 fi
 # (Debian's /etc/slurm/plugstack.conf, an include of plugstack.conf.d, stays.)
 rm -f /etc/slurm/plugstack.conf.d/pyxis.conf "$SLURM_STATE/etc/plugstack.conf"
+source "$REPO/scripts/pidfile.sh"
 pids=()
 for n in n1 n2 n3; do
-  p=$(tr -dc '0-9' < "$RUN/slurmd-$n.pid" 2>/dev/null) && [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == slurmd ]] &&
-    kill -TERM "$p" && pids+=("$p")
+  p=$(pid_of "$RUN/slurmd-$n.pid" slurmd) && kill -TERM "$p" && pids+=("$p")
 done
 for p in "${pids[@]}"; do
   for _ in $(seq 300); do [[ -d /proc/$p ]] || break; sleep 0.1; done

@@ -111,7 +111,8 @@ CONF
 # slurmd loads the SPANK plugins when it starts: restart the nodes' slurmds once after plugstack.conf changed (or
 # when a slurmd was started before it existed). Running job steps live on in their slurmstepd.
 RUN=$SLURM_STATE/run
-slurmd_pid() { local p; p=$(tr -dc '0-9' < "$RUN/slurmd-$1.pid" 2>/dev/null) && [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == slurmd ]] && echo "$p"; }
+source "$REPO/scripts/pidfile.sh"
+slurmd_pid() { pid_of "$RUN/slurmd-$1.pid" slurmd; }
 # A slurmd started before plugstack.conf's last change has not loaded it (start time from /proc: boot + ticks).
 btime=$(awk '/^btime/ {print $2}' /proc/stat)
 ticks=$(getconf CLK_TCK)

@@ -23,14 +23,8 @@ running() {
     ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
 }
 
-# pid_of PIDFILE COMM: print the pid from PIDFILE if it is running COMM.
-pid_of() {
-  local pid
-  [[ -r $1 ]] || return 1
-  pid=$(tr -dc '0-9' < "$1")
-  [[ -n $pid ]] && running "$pid" "$2" || return 1
-  echo "$pid"
-}
+# pid_of PIDFILE COMM: print the pid from PIDFILE if it is a live COMM of ours.
+source "$(dirname "${BASH_SOURCE[0]}")/../pidfile.sh"
 
 # stop NAME PIDFILE COMM: SIGTERM, wait (bounded) for exit, then SIGKILL.
 stop() {

@@ -47,16 +47,10 @@ show_log() {
   fi
 }
 
-# pid_alive PIDFILE COMM: true if the pid in PIDFILE runs a process named COMM.
-# Checking the name guards against stale pid files after a reboot / pid reuse;
-# a zombie (dead daemon not yet reaped by a lazy pid 1) counts as dead.
-pid_alive() {
-  local pid
-  [[ -r $1 ]] || return 1
-  pid=$(tr -dc '0-9' < "$1")
-  [[ -n $pid ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]] &&
-    ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
-}
+# pid_alive PIDFILE COMM: true if PIDFILE names a live daemon named COMM (scripts/pidfile.sh: stale files and
+# reused pids do not count).
+source "$HERE/../pidfile.sh"
+pid_alive() { pid_of "$1" "$2" > /dev/null; }
 
 # wait_for DESC LOGFILE PIDFILE COMM -- CMD...: poll CMD until it succeeds, for
 # at most $TIMEOUT s. Gives up early if the daemon (PIDFILE/COMM, may be "")

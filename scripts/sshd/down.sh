@@ -3,7 +3,8 @@
 set -uo pipefail
 STATE=${SLURMTRAIN_SSHD_DIR:-/var/tmp/slurmtrain-sshd}
 pidf=$STATE/run/sshd.pid
-if [[ -r $pidf ]] && pid=$(tr -dc '0-9' < "$pidf") && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == sshd ]]; then
+source "$(dirname "${BASH_SOURCE[0]}")/../pidfile.sh"
+if pid=$(pid_of "$pidf" sshd); then
   kill "$pid" && echo "down.sh: sshd ($pid) stopped"
 else
   echo "down.sh: no sshd of ours is running"

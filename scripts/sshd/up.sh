@@ -98,15 +98,10 @@ chmod 644 "$STATE/env.sh"
 
 /usr/sbin/sshd -t -f "$ETC/sshd_config" || die "sshd rejects $ETC/sshd_config"
 
-pid_alive() {
-  local pid
-  [[ -r $1 ]] || return 1
-  pid=$(tr -dc '0-9' < "$1")
-  [[ -n $pid ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == sshd ]]
-}
-if pid_alive "$RUN/sshd.pid"; then
+source "$(dirname "${BASH_SOURCE[0]}")/../pidfile.sh"
+if pid=$(pid_of "$RUN/sshd.pid" sshd); then
   # Re-read the config written above (SIGHUP: sshd re-execs itself; live connections stay up).
-  kill -HUP "$(tr -dc '0-9' < "$RUN/sshd.pid")"
+  kill -HUP "$pid"
   log "sshd already running: config reloaded"
 else
   /usr/sbin/sshd -f "$ETC/sshd_config" -E "$LOG/sshd.log"
