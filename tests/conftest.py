@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,11 +23,15 @@ def launcher_env(**extra: str) -> dict[str, str]:
 
 
 def launch(*overrides: str, cwd: Path | None = None, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run `python -m launcher OVERRIDES` as a user would and capture its output."""
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *overrides],
-        cwd=cwd or ROOT, env=launcher_env(**env), capture_output=True, text=True, timeout=timeout,
-    )
+    """Run `python -m launcher OVERRIDES` as a user would and capture its output: forked from a server that imported
+    the launcher and the compute side once (tests/forked_cli.py), whose local ranks the launcher then forks from
+    itself (launcher/run/zygote_here.py); a run pays neither interpreter's imports (~8 CPU-seconds here). The tests
+    that start `python -m launcher` themselves (a Popen they signal, tests/unit/test_bad_inputs.py's real interpreters,
+    the documentation's commands) keep the fresh interpreter and zygote covered."""
+    from tests.forked_cli import RUN_PRELOAD, run_module
+
+    return run_module("launcher", overrides, cwd=cwd or ROOT, env=launcher_env(**env), timeout=timeout,
+                      preload=RUN_PRELOAD)
 
 
 def hq(value: object) -> str:

@@ -35,6 +35,12 @@ PRELOAD = ("launcher", "hydra", "hydra.main", "hydra._internal.utils", "hydra._i
            "launcher.checks.overrides", "launcher.sweeps.sweep", "launcher.plan.launch_plan",
            "launcher.checks.resume_checks", "launcher.run.rundir", "launcher.plan.probe",
            "launcher.checks.input_checks", "launcher.checks.key_checks", "launcher.checks.cluster_checks")
+# What a training run imports besides: a run's local ranks, which the launcher then forks from itself
+# (launcher/run/zygote_here.py) rather than from a zygote that imports all this again.
+RUN_PRELOAD = (*PRELOAD, "torch", "torch._dynamo", "torch.distributed.checkpoint._fsspec_filesystem", "train.entry",
+               "train.faults.preemption", "train.faults.recovery", "train.faults.signals", "train.faults.watchdog",
+               "train.loop", "train.model.transformer", "train.observe.metrics", "train.strategies.mesh",
+               "launcher.worker", "launcher.run.local", "launcher.run.rank_fork")
 # What `python -m launcher.export` imports (torch, the checkpoint reader, safetensors, transformers).
 EXPORT_PRELOAD = ("launcher.export", "torch", "torch.distributed.checkpoint", "safetensors.torch", "train.weights.export",
                   "train.model.build", "train.model.hf", "transformers")
@@ -126,6 +132,7 @@ def serve(address: str, preload: Sequence[str]) -> None:
                     listener.close()
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command waits for its own children
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    conn.send(os.getpid())  # run_module's to kill on a timeout
                     conn.send(_run_here(*conn.recv()))
                     code = 0
                 finally:
@@ -168,8 +175,10 @@ def run_module(module: str, args: Sequence[str], cwd: Path | str, env: Mapping[s
     command = [sys.executable, "-m", module, *args]
     conn: Connection = Client(_address(tuple(preload)), family="AF_UNIX")
     with conn:
+        pid = conn.recv()
         conn.send((module, list(args), str(cwd), dict(env), umask))
         if not conn.poll(timeout):
+            os.kill(pid, signal.SIGKILL)  # as subprocess.run kills its child (whose own children have its PDEATHSIG)
             raise subprocess.TimeoutExpired(command, timeout)
         try:
             code, stdout, stderr = conn.recv()

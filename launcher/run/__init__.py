@@ -2,6 +2,8 @@
 
     dispatch.py       one planned run sent where it runs (python -m launcher's last step, a local sweep point's)
     local.py          local debug mode: one worker process per rank on this machine
+    rank_fork.py      local ranks forked from one zygote that imported the compute side once (CPU ranks, Linux)
+    zygote_here.py    that zygote forked from the launcher itself when its process imported the compute side already
     local_container.py  local ranks inside a container (container=...): each started fresh through the runtime
     local_ends.py     a local attempt's end that its ranks could not record (a second Ctrl-C, a silent rank 0)
     replica_groups.py local replica groups (parallel.replica_groups): a group lost is torn down and healed alone

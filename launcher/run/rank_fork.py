@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from launcher.run import zygote_here
+
 FORK_ENV = "SLURMTRAIN_FORK_RANKS"
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -133,10 +135,15 @@ def start_ranks(specs: Sequence[RankSpec], zygote_env: dict[str, str],
     ours, theirs = socket.socketpair()
     passed = {theirs.fileno(), *(s.output_fd for s in specs if s.output_fd is not None),
               *(fd for s in specs for fd in s.keep_fds)}
+    process: subprocess.Popen[bytes] | zygote_here.Forked | None = None
+    if zygote == ZYGOTE and zygote_here.can_fork():  # the compute side is imported here already: fork, not start
+        process = zygote_here.fork_zygote(theirs.fileno(), passed, zygote_env, _zygote_preexec,
+                                          lambda fd: serve(fd, _imported))
     try:
-        process = subprocess.Popen([sys.executable, *zygote, str(theirs.fileno())],
-                                  env=zygote_env, start_new_session=True, preexec_fn=_zygote_preexec,
-                                  pass_fds=tuple(sorted(passed)))
+        if process is None:
+            process = subprocess.Popen([sys.executable, *zygote, str(theirs.fileno())],
+                                       env=zygote_env, start_new_session=True, preexec_fn=_zygote_preexec,
+                                       pass_fds=tuple(sorted(passed)))
     except OSError:
         ours.close()
         theirs.close()
@@ -163,6 +170,10 @@ def start_ranks(specs: Sequence[RankSpec], zygote_env: dict[str, str],
         rank.kill()
         rank.wait()
     return None
+
+
+def _imported() -> None:
+    """The forked zygote's preload: the compute side is imported already (zygote_here.can_fork)."""
 
 
 def serve(fd: int, preload: Callable[[], None]) -> list[str]:
