@@ -132,6 +132,7 @@ def _run_rank(argv: list[str]) -> int:
     from launcher import worker
 
     sys.argv = [worker.__file__, *argv]
+    sys.modules["__main__"] = worker  # as `python -m launcher.worker` has it (multiprocessing's spawn reads it)
     try:
         code = _exit_code(worker.main(argv))
     except SystemExit as exit_:
