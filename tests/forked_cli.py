@@ -16,14 +16,16 @@ import atexit
 import io
 import os
 import runpy
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,15 +108,11 @@ def _quit(signum: int, frame: object) -> None:
     os._exit(0)
 
 
-def _die_with_parent() -> None:
-    """In the server, before exec: SIGTERM when the test process dies, even one that exits without its atexit
-    handlers (an xdist worker can): else the server outlives the suite."""
-    import ctypes
-
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 def serve(address: str, preload: Sequence[str]) -> None:
+    """Import `preload`, then fork a child for each connection, until the test process that started this server is
+    gone: its end of our stdin closes, as it does even for a test process that exits without its atexit handlers (an
+    xdist worker can). (Not PR_SET_PDEATHSIG: that fires when the parent *thread* ends, and a test may start the
+    server from a thread of a pool that ends long before the test process.)"""
     signal.signal(signal.SIGTERM, _quit)
     for name in preload:
         try:
@@ -122,22 +120,33 @@ def serve(address: str, preload: Sequence[str]) -> None:
         except ImportError:
             pass
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked children are reaped by the system
-    with Listener(address, family="AF_UNIX") as listener:
-        print("ready", flush=True)
-        while True:
-            conn = listener.accept()
-            if os.fork() == 0:
-                code = 1
-                try:
-                    listener.close()
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command waits for its own children
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    conn.send(os.getpid())  # run_module's to kill on a timeout
-                    conn.send(_run_here(*conn.recv()))
-                    code = 0
-                finally:
-                    os._exit(code)
-            conn.close()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    server.listen(64)
+    print("ready", flush=True)
+    while True:
+        ready, _, _ = select.select([server, sys.stdin], [], [])
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
+            _quit(signal.SIGTERM, None)
+        if server not in ready:
+            continue
+        client, _ = server.accept()
+        conn = Connection(client.detach())  # what multiprocessing's Listener (no authkey) hands out
+        if os.fork() == 0:
+            code = 1
+            try:
+                server.close()
+                devnull = os.open(os.devnull, os.O_RDONLY)  # not our stdin, the test process's pipe
+                os.dup2(devnull, 0)
+                os.close(devnull)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command waits for its own children
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                conn.send(os.getpid())  # run_module's to kill on a timeout
+                conn.send(_run_here(*conn.recv()))
+                code = 0
+            finally:
+                os._exit(code)
+        conn.close()
 
 
 def _stop(proc: subprocess.Popen[str], folder: str, owner: int) -> None:
@@ -161,7 +170,7 @@ def _address(preload: tuple[str, ...]) -> str:
             folder = tempfile.mkdtemp(prefix="forked_cli")
             address = os.path.join(folder, "socket")
             proc = subprocess.Popen([sys.executable, "-m", "tests.forked_cli", address, ",".join(preload)], cwd=ROOT,
-                                    stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", "tests.forked_cli died"
             atexit.register(_stop, proc, folder, os.getpid())
             server = _servers[preload] = (proc, address)

@@ -119,7 +119,7 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
                 inputs, targets, *extra = prefetcher.get(idx)
             else:
                 inputs, targets, *extra = to_device(load_micro_batch(source, idx, documents), device)
-        if faults.ACTIVE:
+        if faults.active():
             inputs, targets = faults.batch(inputs, targets, state.step + 1, state.samples)
         inputs, targets = strategy.split_sequence(inputs, targets)  # parallel.cp: this rank's chunks
         if tokens is not None:
@@ -139,7 +139,7 @@ def train_step(model: torch.nn.Module, strategy: Strategy, source: TokenSource, 
             if strategy.context is not None:  # parallel.cp: the mean over the whole sequence's counted targets
                 share = strategy.context.target_share(flat_targets)
                 loss, total = loss * share, total * share
-            if faults.ACTIVE:
+            if faults.active():
                 total = faults.loss(total, state.step + 1, state.samples, env.rank)
             mark()
             strategy.backward(total / accum)

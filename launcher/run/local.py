@@ -30,6 +30,7 @@ from types import FrameType
 from contract.errors import EXIT_DIVERGED, EXIT_KILLED, EXIT_STOPPED
 from contract.rundir import environment as environment
 from contract.rundir.events import is_secondary_text, record_environment_end
+from launcher import worker
 from launcher.plan.world import local_gpu_count
 from launcher.run import local_container, local_ends, rank_fork
 
@@ -140,7 +141,7 @@ class WorkerGroup:
         try:
             if container is None and rank_fork.enabled(local_gpu_count()):
                 zygote_env = {k: v for k, v in specs[0].env.items() if k != STORE_FD_ENV}
-                self.procs = list(rank_fork.start_ranks(specs, zygote_env) or [])
+                self.procs = list(rank_fork.start_ranks(specs, zygote_env, rank_main=worker.main) or [])
             for spec in specs[len(self.procs):]:  # not forked: each rank a process of its own
                 # Own session: the terminal's Ctrl-C reaches the launcher only, which decides what workers get.
                 command = [sys.executable, "-m", "launcher.worker", *spec.argv] if container is None else \

@@ -128,17 +128,18 @@ def _zygote_preexec() -> None:
 ZYGOTE = ("-m", "launcher.worker", "--fork-ranks")
 
 
-def start_ranks(specs: Sequence[RankSpec], zygote_env: dict[str, str],
-                zygote: Sequence[str] = ZYGOTE) -> list[Rank] | None:
+def start_ranks(specs: Sequence[RankSpec], zygote_env: dict[str, str], zygote: Sequence[str] = ZYGOTE,
+                rank_main: Callable[[list[str]], int] | None = None) -> list[Rank] | None:
     """Fork every rank from one zygote (`python ZYGOTE FD`, which calls serve(FD, ...)); None, and no rank left
-    running, if it could not start them all."""
+    running, if it could not start them all. With `rank_main` (launcher.worker's main, which ZYGOTE runs), a process
+    that imported the compute side already forks the zygote from itself (zygote_here.py)."""
     ours, theirs = socket.socketpair()
     passed = {theirs.fileno(), *(s.output_fd for s in specs if s.output_fd is not None),
               *(fd for s in specs for fd in s.keep_fds)}
     process: subprocess.Popen[bytes] | zygote_here.Forked | None = None
-    if zygote == ZYGOTE and zygote_here.can_fork():  # the compute side is imported here already: fork, not start
+    if rank_main is not None and zygote_here.can_fork():  # the compute side is imported here already: fork it
         process = zygote_here.fork_zygote(theirs.fileno(), passed, zygote_env, _zygote_preexec,
-                                          lambda fd: serve(fd, _imported))
+                                          lambda fd: serve(fd, _imported), rank_main)
     try:
         if process is None:
             process = subprocess.Popen([sys.executable, *zygote, str(theirs.fileno())],

@@ -8,7 +8,7 @@ interpreter only to import the same modules again: several CPU-seconds of every 
 
 The forked zygote is what the fresh one would be: a session of its own, SIGUSR1 and SIGTERM held, SIGKILL should the
 launcher die, only the descriptors it was passed, the zygote's environment, Python's own signal handlers, no exit
-handlers and no logging set up by the launcher. Each rank then runs `launcher.worker` on its command line and leaves
+handlers and no root logging set up by the launcher. Each rank then runs `launcher.worker` on its command line and leaves
 the process as the interpreter would leave it (exit handlers run, output flushed, the exit code), without ever
 returning into the launcher's code.
 
@@ -56,8 +56,9 @@ def can_fork() -> bool:
 
 
 def fork_zygote(fd: int, passed: set[int], env: dict[str, str], before: Callable[[], None],
-                serve: Callable[[int], list[str]]) -> Forked | None:
-    """Fork the zygote, which calls serve(fd) and, in each rank it returns in, runs the rank; None if fork failed."""
+                serve: Callable[[int], list[str]], rank_main: Callable[[list[str]], int]) -> Forked | None:
+    """Fork the zygote, which calls serve(fd) and, in each rank it returns in, runs rank_main (launcher.worker's
+    main) on the rank's command line; None if fork failed."""
     for stream in (sys.stdout, sys.stderr):  # what the launcher wrote must not reach the zygote's copy of its buffers
         try:
             stream.flush()
@@ -75,7 +76,7 @@ def fork_zygote(fd: int, passed: set[int], env: dict[str, str], before: Callable
         before()
         _as_fresh(passed, env)
         argv = serve(fd)  # returns in each rank only; the zygote itself exits inside
-        code = _run_rank(argv)
+        code = _run_rank(rank_main, argv)
     except BaseException:  # noqa: BLE001  (nothing may return into the launcher's frames)
         traceback.print_exc()
     finally:
@@ -116,25 +117,22 @@ def _as_fresh(passed: set[int], env: dict[str, str]) -> None:
                 signal.signal(sig, want)
         except (OSError, ValueError):
             pass
+    # The root logger as a new interpreter has it. The libraries' own loggers keep what their imports set up (torch's
+    # distributed loggers have handlers of their own and do not propagate): the rank would import them the same way.
     root = logging.getLogger()
-    for logger in [root, *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]:
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-        logger.setLevel(logging.NOTSET)
-        logger.propagate = True
-        logger.disabled = False
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
     root.setLevel(logging.WARNING)
     logging.disable(logging.NOTSET)
 
 
-def _run_rank(argv: list[str]) -> int:
+def _run_rank(main: Callable[[list[str]], int], argv: list[str]) -> int:
     """`python -m launcher.worker ARGV` from here on: its exit code, once exit handlers ran and output is flushed."""
-    from launcher import worker
-
-    sys.argv = [worker.__file__, *argv]
-    sys.modules["__main__"] = worker  # as `python -m launcher.worker` has it (multiprocessing's spawn reads it)
+    module = sys.modules[main.__module__]
+    sys.argv = [str(module.__file__), *argv]
+    sys.modules["__main__"] = module  # as `python -m launcher.worker` has it (multiprocessing's spawn reads it)
     try:
-        code = _exit_code(worker.main(argv))
+        code = _exit_code(main(argv))
     except SystemExit as exit_:
         code = _exit_code(exit_.code)
     except KeyboardInterrupt:

@@ -220,7 +220,7 @@ def skip_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from train.stability.runner import Stability
 
     env = _join(rank, world, port)
-    faults.NAN_AT, faults.ACTIVE = {(NAN_STEP, 1)}, True
+    faults.NAN_AT = {(NAN_STEP, 1)}
     step_start = Stability.step_start
 
     def snapshot(self: Stability, step: int, position: int) -> int:

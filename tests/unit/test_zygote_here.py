@@ -40,7 +40,9 @@ def serve(fd):
                    "sid": os.getsid(0) == os.getpid(), "passed": fd}, f)
     return ["--help"]
 
-zygote = zygote_here.fork_zygote(w, {w}, {"ZYGOTE_ENV": "yes", "PYTHONUNBUFFERED": "1"}, lambda: None, serve)
+from launcher import worker
+zygote = zygote_here.fork_zygote(w, {w}, {"ZYGOTE_ENV": "yes", "PYTHONUNBUFFERED": "1"}, lambda: None, serve,
+                                 worker.main)
 print("zygote exit", zygote.wait(), flush=True)
 """
 

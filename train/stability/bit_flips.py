@@ -1,4 +1,5 @@
-"""Test-only silent data corruption, off unless its environment variable is set (read once, at import).
+"""Test-only silent data corruption, off unless its environment variable is set (read when a step asks: not at
+import, since a forked rank imported this module before its environment was its own).
 
     SLURMTRAIN_TEST_FLIP_BITS="RANK:STEP[:ATTEMPT]"   after STEP's update, the top mantissa bit of the middle
                                                       element of RANK's first compared tensor flips (ATTEMPT: only
@@ -16,8 +17,11 @@ import torch
 from train.stability.fingerprint import words
 
 FLIP_BITS_ENV = "SLURMTRAIN_TEST_FLIP_BITS"
-ACTIVE = bool(os.environ.get(FLIP_BITS_ENV))
 _fired = False
+
+
+def active() -> bool:
+    return bool(os.environ.get(FLIP_BITS_ENV))
 
 
 def flip(step: int, rank: int, tensors: list[torch.Tensor]) -> None:

@@ -1,4 +1,5 @@
-"""Test-only fault injection, off unless its environment variable is set (read once, at import).
+"""Test-only fault injection, off unless its environment variable is set (read once, at the first step that asks:
+not at import, since a forked rank imported this module before its environment was its own).
 
     SLURMTRAIN_TEST_NAN_GRAD="STEP:RANK[,STEP:RANK...]"  RANK's loss, hence its gradients, become NaN at STEP
     SLURMTRAIN_TEST_SPIKE_BATCH="STEP[,STEP...]"          every rank trains STEP on a batch of one repeated token
@@ -21,9 +22,19 @@ def _pairs(spec: str) -> set[tuple[int, int]]:
     return {(int(s), int(r)) for s, r in (item.split(":") for item in spec.split(",") if item)}
 
 
-NAN_AT = _pairs(os.environ.get(NAN_GRAD_ENV, ""))
-SPIKE_AT = {int(s) for s in os.environ.get(SPIKE_BATCH_ENV, "").split(",") if s}
-ACTIVE = bool(NAN_AT or SPIKE_AT)
+NAN_AT: set[tuple[int, int]] = set()
+SPIKE_AT: set[int] = set()
+_read = False
+
+
+def active() -> bool:
+    """Whether a fault is asked for in this process (its environment, read the first time)."""
+    global _read, NAN_AT, SPIKE_AT
+    if not _read:
+        _read = True
+        NAN_AT = NAN_AT or _pairs(os.environ.get(NAN_GRAD_ENV, ""))
+        SPIKE_AT = SPIKE_AT or {int(s) for s in os.environ.get(SPIKE_BATCH_ENV, "").split(",") if s}
+    return bool(NAN_AT or SPIKE_AT)
 
 
 _bad_positions: set[tuple[str, int, int]] = set()

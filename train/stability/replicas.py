@@ -98,7 +98,7 @@ class ReplicaCheck:
 
     def after_step(self, step: int) -> Disagreement | None:
         """Every rank, after every optimizer step: the periodic check where one is due."""
-        if bit_flips.ACTIVE:
+        if bit_flips.active():
             bit_flips.flip(step, self.rank, self.tensors)
         return self.check(step) if self.due(step) else None
 
