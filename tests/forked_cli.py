@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
+from launcher.run.zygote_here import exit_code
+
 ROOT = Path(__file__).resolve().parent.parent
 # What `python -m launcher` imports on its way to a refusal (one missing here only makes each call slower).
 PRELOAD = ("launcher", "hydra", "hydra.main", "hydra._internal.utils", "hydra._internal.hydra",
@@ -49,16 +51,6 @@ EXPORT_PRELOAD = ("launcher.export", "torch", "torch.distributed.checkpoint", "s
 
 _lock = threading.Lock()
 _servers: dict[tuple[str, ...], tuple[subprocess.Popen[str], str]] = {}
-
-
-def _exit_code(code: object) -> int:
-    """What the interpreter makes of `sys.exit(code)`."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _stream(fd: int) -> io.TextIOWrapper:
@@ -86,7 +78,7 @@ def _run_here(module: str, args: list[str], cwd: str, env: dict[str, str], umask
             runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as exit_:
-            code = _exit_code(exit_.code)
+            code = exit_code(exit_.code)
         except BaseException:
             traceback.print_exc()
             code = 1

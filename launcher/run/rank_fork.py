@@ -231,13 +231,7 @@ def _become(spec: dict, request: dict, fresh: bool) -> list[str]:
     if out is not None:
         os.dup2(out, 1)
         os.dup2(out, 2)
-    keep = {0, 1, 2, *spec["keep_fds"]}
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) not in keep:
-            try:
-                os.close(int(name))
-            except OSError:
-                pass
+    zygote_here.close_all_but({0, 1, 2, *spec["keep_fds"]})
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(spec["env"])

@@ -83,18 +83,22 @@ def fork_zygote(fd: int, passed: set[int], env: dict[str, str], before: Callable
         os._exit(code)
 
 
-def _as_fresh(passed: set[int], env: dict[str, str]) -> None:
-    """What a new interpreter would have: its descriptors, environment, signal handlers, no exit handlers or logging."""
-    # Garbage that holds a descriptor is finalised now, not later in a rank, where the descriptor's number may be
-    # another file's by then; what is still referenced stays so (the launcher's frames never return here).
-    gc.collect()
-    keep = {0, 1, 2, *passed}
+def close_all_but(keep: set[int]) -> None:
+    """Close every descriptor of this process but `keep` (a forked child's close_fds)."""
     for name in os.listdir("/proc/self/fd"):
         if int(name) not in keep:
             try:
                 os.close(int(name))
             except OSError:
                 pass
+
+
+def _as_fresh(passed: set[int], env: dict[str, str]) -> None:
+    """What a new interpreter would have: its descriptors, environment, signal handlers, no exit handlers or logging."""
+    # Garbage that holds a descriptor is finalised now, not later in a rank, where the descriptor's number may be
+    # another file's by then; what is still referenced stays so (the launcher's frames never return here).
+    gc.collect()
+    close_all_but({0, 1, 2, *passed})
     os.environ.clear()
     os.environ.update(env)
     # Python's standard streams on descriptors 1 and 2, as the interpreter opens them (unbuffered as PYTHONUNBUFFERED
@@ -132,9 +136,9 @@ def _run_rank(main: Callable[[list[str]], int], argv: list[str]) -> int:
     sys.argv = [str(module.__file__), *argv]
     sys.modules["__main__"] = module  # as `python -m launcher.worker` has it (multiprocessing's spawn reads it)
     try:
-        code = _exit_code(main(argv))
+        code = exit_code(main(argv))
     except SystemExit as exit_:
-        code = _exit_code(exit_.code)
+        code = exit_code(exit_.code)
     except KeyboardInterrupt:
         traceback.print_exc()
         code = 128 + signal.SIGINT
@@ -150,7 +154,7 @@ def _run_rank(main: Callable[[list[str]], int], argv: list[str]) -> int:
     return code
 
 
-def _exit_code(code: object) -> int:
+def exit_code(code: object) -> int:
     """What the interpreter makes of `sys.exit(code)`."""
     if code is None:
         return 0
