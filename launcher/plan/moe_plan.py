@@ -40,9 +40,12 @@ def check_moe(cfg: Any, world: int) -> None:
         raise ConfigError(f"parallel.ep={ep} does not divide model.moe.num_experts={experts}: each ep rank holds the "
                           f"same number of experts; pick an ep that divides {experts}")
     tp, pp = int(p.tp), int(p.pp)
-    if tp > 1:
-        raise ConfigError("a mixture of experts with tensor parallelism is not built yet: use parallel.tp=1 (parallel.ep "
-                          "splits the experts over data-parallel ranks instead)")
+    cp = int(p.get("cp", 1))
+    if tp > 1 and (int(cfg.data.seq_len) // cp) % tp:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} does not split into parallel.tp={tp} equal slices"
+                          f"{f' of each of its parallel.cp={cp} shares' if cp > 1 else ''}: each tp rank routes its "
+                          f"slice of the sequence through the experts; use a data.seq_len that is a multiple of "
+                          f"{tp * cp if cp == 1 else 2 * cp * tp}")
     if ep == 1:
         return
     if cfg.strategy.get("backend") == "deepspeed":
@@ -72,6 +75,10 @@ def moe_line(cfg: Any, n_params: int) -> str:
     stages = " of a stage" if int(cfg.parallel.pp) > 1 else ""
     split = (f"; ep {ep}: {per_rank} expert{'s' if per_rank > 1 else ''} per rank{stages}, tokens exchanged by "
              "all-to-all" if ep > 1 else "")
+    tp = int(cfg.parallel.tp)
+    if tp > 1:
+        split += (f"; tp {tp}: each tp rank routes its slice of the sequence, the MoE layers whole on every tp rank "
+                  "(their gradients summed over tp)")
     cp = int(cfg.parallel.get("cp", 1))
     if cp > 1:
         split += f"; cp {cp}: the load-balancing loss over whole sequences (routed counts summed over the cp ranks)"

@@ -215,16 +215,23 @@ def context_line(d: Degrees, world: int) -> str:
 
 def model_parallel_shape(shape: Any, d: Degrees) -> Any:
     """The share of the model one rank holds before data-parallel sharding: its stage's blocks, each split tp
-    ways; the embedding or the output layer (whichever its stage holds) split tp ways."""
+    ways but for a MoE layer's feed-forward (whole on every tp rank, train/strategies/tensor_parallel.py); the
+    embedding or the output layer (whichever its stage holds) split tp ways."""
     from dataclasses import replace
+
+    from contract.rules.moe_shape import moe_layer_numbers, moe_mlp_params
 
     if d.tp == 1 and d.pp == 1:
         return shape
     blocks = shape.n_blocks // d.pp
     root = shape.root if d.pp == 1 else shape.largest_root
-    block = shape.block_params // d.tp
-    return replace(shape, n_params=blocks * block + root // d.tp, block_params=block, n_blocks=blocks,
-                   largest_root=shape.largest_root // d.tp, root=root // d.tp, activation_share=1 / d.tp)
+    moe_layers = len(moe_layer_numbers(shape.config)) if shape.config is not None else 0
+    whole = moe_mlp_params(shape.config, active=False) if moe_layers and d.tp > 1 else 0  # one MoE layer's, not split
+    block = shape.block_params // d.tp + whole - whole // d.tp
+    unsplit = (whole - whole // d.tp) * moe_layers // d.pp  # the stage's MoE layers, beyond their 1 / tp
+    return replace(shape, n_params=blocks * (shape.block_params // d.tp) + unsplit + root // d.tp,
+                   block_params=block, n_blocks=blocks, largest_root=shape.largest_root // d.tp, root=root // d.tp,
+                   activation_share=1 / d.tp)
 
 
 def not_built(cfg: DictConfig, d: Degrees) -> str | None:

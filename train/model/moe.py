@@ -14,6 +14,9 @@ top_k experts; with capacity_factor > 0, an expert takes at most ceil(cf x token
 token order and drops the rest (the token's residual stream passes that expert by). Dropless otherwise.
 Under context parallelism (a rank holds two chunks of each sequence) a token is routed on its own rank as without
 cp, and the load-balancing fraction is the whole sequences' (`_sequence_routing`), so the losses are cp=1's.
+Under tensor parallelism (train/strategies/tensor_parallel.py) a MoE layer runs on the rank's slice of the sequence
+(the sequence-parallel norm's output) with weights replicated over the tp ranks: the same rule, over the tp group
+(`SequenceSlice`), the auxiliary losses weighted 1/tp since the strategy sums the layer's gradients over tp.
 
 Telemetry stays on the device: each layer adds its tokens per expert, dropped assignments and auxiliary losses to
 running sums that train/observe/moe_stats.py reads (and resets) at log steps.
@@ -114,6 +117,8 @@ class MoE(nn.Module):
         # sequence, and the rank's ContextShard (which chunks of a sequence it holds).
         self.cp_group: Any = None
         self.context: Any = None
+        # Tensor parallelism (train/strategies/tensor_parallel.py sets it): a SequenceSlice of the tp group.
+        self.tp_slice: SequenceSlice | None = None
         self.stats: MoEStats | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,8 +133,8 @@ class MoE(nn.Module):
         routed = torch.bincount(expert_of, minlength=experts)
         keep = None
         if self.capacity_factor > 0:
-            keep = self._within_capacity(expert_of, n * k) if self.context is None else self._sequence_capacity(
-                chosen.view(shape[0], -1, k))
+            keep = (self._within_capacity(expert_of, n * k) if self.context is None and self.tp_slice is None
+                    else self._sequence_capacity(chosen.view(shape[0], -1, k)))
         aux = self._aux_losses(logits, probs, *self._sequence_routing(routed, n * k))
         token_of = torch.arange(n, device=x.device).repeat_interleave(k)
         gate_weights = weights.reshape(-1)
@@ -151,7 +156,8 @@ class MoE(nn.Module):
                 self.stats = MoEStats(experts, x.device)
             self.stats.add(routed, (~keep).sum() if keep is not None else None, aux)
         if self.training and (self.aux_coef or self.z_coef):
-            out = AuxLoss.apply(out, self.aux_coef * aux[0] + self.z_coef * aux[1])
+            weight = 1.0 if self.tp_slice is None else 1.0 / self.tp_slice.size  # tp: gradients summed over tp
+            out = AuxLoss.apply(out, (self.aux_coef * aux[0] + self.z_coef * aux[1]) * weight)
         out = out.reshape(shape)
         return out + self.shared(x) if self.shared is not None else out
 
@@ -163,23 +169,28 @@ class MoE(nn.Module):
         return position < capacity
 
     def _sequence_capacity(self, chosen: torch.Tensor) -> torch.Tensor:
-        """Under context parallelism: the queues of cp=1, in the whole micro batch's token order. The group's
-        choices ([b, t_local, k] each) are all-gathered into whole sequences, every rank computes the same queue
-        positions, and keeps those of its own chunks."""
-        whole = self.context.whole_sequence(chosen)  # [b, T, k]
+        """Under context or tensor parallelism: the queues of one rank, in the whole micro batch's token order. The
+        group's choices ([b, t_local, k] each) are all-gathered into whole sequences (the tp slices, then the cp
+        chunks), every rank computes the same queue positions, and keeps those of its own tokens."""
+        whole = chosen if self.tp_slice is None else self.tp_slice.whole_sequence(chosen)
+        whole = whole if self.context is None else self.context.whole_sequence(whole)  # [b, T, k]
         keep = self._within_capacity(whole.reshape(-1), whole.numel()).view(whole.shape)
-        return self.context.local(keep, dim=1).reshape(-1)  # type: ignore[no-any-return]
+        keep = keep if self.context is None else self.context.local(keep, dim=1)
+        return (keep if self.tp_slice is None else self.tp_slice.local(keep)).reshape(-1)
 
     def _sequence_routing(self, routed: torch.Tensor, assignments: int) -> tuple[torch.Tensor, int]:
         """The routed counts and assignments the load-balancing fraction is over: this rank's, or under context
         parallelism the whole sequences' (summed over the cp ranks, one small all-reduce). With the whole fraction
         and this rank's mean probabilities, the mean of the cp ranks' balance losses is cp=1's, and so is the
         mean of their gradients (each rank's is its own tokens' share, times cp, as the cross-entropy's)."""
-        if self.cp_group is None:
+        groups = [g for g in (self.cp_group, self.tp_slice and self.tp_slice.group) if g is not None]
+        if not groups:
             return routed, assignments
         whole = routed.clone()
-        dist.all_reduce(whole, group=self.cp_group)
-        return whole, assignments * dist.get_world_size(self.cp_group)
+        for group in groups:  # each tp rank holds an equal slice of its cp chunks (the plan's seq_len rule)
+            dist.all_reduce(whole, group=group)
+            assignments *= dist.get_world_size(group)
+        return whole, assignments
 
     def _aux_losses(self, logits: torch.Tensor, probs: torch.Tensor, routed: torch.Tensor,
                     assignments: int) -> torch.Tensor:
@@ -188,6 +199,29 @@ class MoE(nn.Module):
         balance = self.num_experts * (fraction * probs.mean(0)).sum()
         z = torch.logsumexp(logits, dim=-1).pow(2).mean()
         return torch.stack([balance, z])
+
+
+class SequenceSlice:
+    """A tensor-parallel rank's slice of the sequence (dimension 1, torch.chunk's split, as DTensor's Shard(1)): the
+    whole of a [b, t_local, ...] tensor gathered from the group, and this rank's slice of a whole one."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def whole_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        lengths = torch.tensor([x.shape[1]], device=x.device)
+        every = [torch.empty_like(lengths) for _ in range(self.size)]
+        dist.all_gather(every, lengths, group=self.group)
+        sizes = [int(n) for n in torch.cat(every).tolist()]
+        longest = max(sizes)
+        padded = torch.cat([x, x.new_zeros(x.shape[0], longest - x.shape[1], *x.shape[2:])], dim=1)
+        parts = [torch.empty_like(padded) for _ in range(self.size)]
+        dist.all_gather(parts, padded.contiguous(), group=self.group)
+        return torch.cat([part[:, :n] for part, n in zip(parts, sizes, strict=True)], dim=1)
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        return x.chunk(self.size, dim=1)[self.rank]
 
 
 class MoEStats:

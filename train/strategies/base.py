@@ -60,6 +60,8 @@ class Strategy:
         self.grad_clip = float(cfg.optim.grad_clip)
         # parallel.ep > 1: the expert parameters' groups and handling (set in setup).
         self.expert_parallel: Any = None
+        # parallel.tp with a MoE model: the parameters each tp rank holds whole (train/strategies/tensor_parallel.py).
+        self.tp_replicated: list[nn.Parameter] = []
         # False after setup(train=False): forward only (an evaluation job), no optimizer and no gradient buffers.
         self.trains = True
         # precision=fp8 under FSDP2 with tensorwise scaling: weights all-gathered in float8 (train/model/float8.py).
@@ -138,7 +140,7 @@ class Strategy:
             if self.layout.tp > 1:
                 apply_tensor_parallel(model, self.layout.mesh["tp"])
         # parallel.ep: this rank's experts only, left out of the wrapping below (train/strategies/expert_parallel.py).
-        if self.layout is not None and self.layout.pp > 1:  # a stage's experts over the stage's data ranks
+        if self.layout is not None and self.layout.pp * self.layout.tp > 1:  # a stage and tp index: its data ranks
             from train.strategies.expert_stages import apply_stage_expert_parallel
 
             self.expert_parallel = apply_stage_expert_parallel(model, self.cfg, self.device.type, self.layout)
@@ -152,6 +154,10 @@ class Strategy:
         model = self.wrap(model.to(self.device))
         self.compile_whole(model)
         self.model = model
+        if self.layout is not None and self.layout.tp > 1:  # MoE layers, whole on every tp rank: gradients summed
+            from train.strategies.tensor_parallel import tp_replicated
+
+            self.tp_replicated = tp_replicated(model)
         if train:
             self._build_optimizer(model)
         if self.layout is not None and self.layout.pp > 1:
@@ -252,6 +258,10 @@ class Strategy:
         if self.replicas is not None and not self.replicas.average(list(self.model.parameters())):
             self.optimizer.zero_grad(set_to_none=True)  # discarded: a group was lost mid-all-reduce; trained again
             return torch.zeros((), device=self.device)
+        if self.tp_replicated:  # a MoE layer's gradients: each tp rank's tokens' share, summed
+            from train.strategies.tensor_parallel import sum_replicated_gradients
+
+            sum_replicated_gradients(self.tp_replicated, self.layout.mesh["tp"].get_group())
         if self.expert_parallel is not None:  # the experts' gradients: averaged over data-parallel ranks as the rest
             self.expert_parallel.reduce_gradients()
         if self.scaler is not None:

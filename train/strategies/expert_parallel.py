@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from train.model.moe import Experts, moe_layers
+from train.strategies.grad_norm import total_norm
 
 
 class _AllToAll(torch.autograd.Function):
@@ -123,8 +124,7 @@ class ExpertParallel:
         own = {id(p) for p in self.params}
         dense = [p.grad for p in params if p.grad is not None and id(p) not in own]
         experts = [p.grad for p in self.params if p.grad is not None]
-        dense_norm = torch.nn.utils.get_total_norm(dense) if dense else torch.zeros(())
-        dense_norm = dense_norm.full_tensor() if isinstance(dense_norm, DTensor) else dense_norm
+        dense_norm = total_norm(dense)
         expert_sq = torch.nn.utils.get_total_norm(experts).pow(2) if experts else torch.zeros(())
         expert_sq = expert_sq.to(dense_norm)
         dist.all_reduce(expert_sq, group=self.ep_group)

@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from train.data import forward_kwargs
 from train.loss import cross_entropy
+from train.strategies.grad_norm import total_norm
 
 
 def stage_layers(n_layers: int, stages: int, stage: int) -> range:
@@ -70,9 +71,7 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, layout: Any) -> 
     """The global gradient norm (over tensor and data-parallel shards, and over every pipeline stage's
     parameters), then every gradient scaled by max_norm / norm when that is below 1."""
     grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    norm = total_norm(grads)
     if layout.pp > 1:
         squared = norm.double() ** 2
         dist.all_reduce(squared, group=layout.pp_group)
