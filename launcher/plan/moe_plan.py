@@ -72,7 +72,7 @@ def moe_line(cfg: Any, n_params: int) -> str:
                "the rest dropped")
     shared = f", {moe.shared_experts} shared" if int(moe.shared_experts) else ""
     per_rank = experts // ep
-    stages = " of a stage" if int(cfg.parallel.pp) > 1 else ""
+    stages = " of a stage" if int(cfg.parallel.pp) > 1 else " of a tp index" if int(cfg.parallel.tp) > 1 else ""
     split = (f"; ep {ep}: {per_rank} expert{'s' if per_rank > 1 else ''} per rank{stages}, tokens exchanged by "
              "all-to-all" if ep > 1 else "")
     tp = int(cfg.parallel.tp)

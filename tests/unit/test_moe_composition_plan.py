@@ -1,6 +1,6 @@
 """Issue 48 item 27 in the launch plan: a mixture of experts with context parallelism (and ep over the same ranks)
-is planned and shown, and so are cp with pp and ep with pp; what is not built yet (MoE with tp) is refused in one
-line that says why and names the fix."""
+is planned and shown, and so are cp with pp, ep with pp and MoE with tp (ep too); a sequence that can't split into
+equal tp slices is refused in one line that says why and names the fix."""
 
 from __future__ import annotations
 
@@ -38,10 +38,30 @@ def test_ep_with_pp_is_planned_and_shown() -> None:
     assert any("tensor-parallel 1 x pipeline 2 x data-parallel 2 = 4 ranks" in line for line in plan.layout_lines)
 
 
+def test_moe_with_tp_and_ep_is_planned_with_the_layers_whole_per_tp_rank() -> None:
+    _, plan = compose_and_plan([*MOE, "local.nproc=4", "parallel.tp=2", "parallel.ep=2"])
+    assert plan.refusal in (None, ""), plan.refusal
+    assert "ep 2: 2 experts per rank of a tp index" in plan.moe_line, plan.moe_line
+    assert "tp 2: each tp rank routes its slice of the sequence" in plan.moe_line, plan.moe_line
+    assert any("tensor-parallel 2 x pipeline 1 x data-parallel 2 = 4 ranks" in line for line in plan.layout_lines)
+
+
+def test_the_memory_plan_counts_a_moe_layer_whole_on_every_tp_rank() -> None:
+    """Attention splits over tp, the experts don't: a rank's parameters under tp=2 are more than half of tp=1's."""
+    from contract.rules.moe_shape import mlp_params
+
+    cfg, one = compose_and_plan([*MOE, "local.nproc=1"])
+    _, two = compose_and_plan([*MOE, "local.nproc=2", "parallel.tp=2"])
+    held_one, held_two = one.fit.estimate.params, two.fit.estimate.params
+    experts = mlp_params(cfg.model) / one.n_params * held_one  # the feed-forwards' share of tp=1's bytes
+    assert held_two == pytest.approx((held_one - experts) / 2 + experts, rel=0.05), (held_one, held_two)
+
+
 @pytest.mark.parametrize(("overrides", "says"), [
-    (["local.nproc=2", "parallel.tp=2"], "a mixture of experts with tensor parallelism is not built yet"),
+    (["local.nproc=2", "parallel.tp=2", "data.seq_len=63"], "does not split into parallel.tp=2 equal slices"),
+    (["local.nproc=8", "parallel.tp=4", "parallel.cp=2", "data.seq_len=60"], "of each of its parallel.cp=2 shares"),
 ])
-def test_what_is_not_built_is_refused_in_one_line(overrides: list[str], says: str) -> None:
+def test_what_can_not_run_is_refused_in_one_line(overrides: list[str], says: str) -> None:
     with pytest.raises(ConfigError) as refused:
         compose_and_plan([*MOE, *overrides])
     message = str(refused.value)
