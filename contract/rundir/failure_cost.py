@@ -172,14 +172,14 @@ def run_cost(lanes: list[Lane]) -> dict[str, Any] | None:
             "lanes": len(lanes), "attempts": sum(len(lane.attempts) for lane in lanes)}
 
 
-def cost_line(cost: dict[str, Any]) -> str:
+def cost_line(cost: dict[str, Any], accelerator: str = "GPU") -> str:
     """`GPU-time: 1,234 rank-s from the first start to the end: trained 80.1%, start-up 5.0%, ...; failures cost
-    120 rank-s (9.7%)` for launcher.status."""
+    120 rank-s (9.7%)` for launcher.status; `CPU-time` where the ranks ran on CPUs (plan.json's accelerator)."""
     total, parts = cost["total"], cost["parts"]
     if total <= 0:
-        return "GPU-time: nothing timed yet"
+        return f"{accelerator}-time: nothing timed yet"
     shares = ", ".join(f"{LABELS.get(k, k)} {parts[k] / total:.1%}" for k in PARTS if k == "trained" or parts[k] > 0)
-    return (f"GPU-time: {total:,.0f} rank-s over {cost['attempts']} attempt(s) of {cost['lanes']} lane(s), "
+    return (f"{accelerator}-time: {total:,.0f} rank-s over {cost['attempts']} attempt(s) of {cost['lanes']} lane(s), "
             f"first start to end: {shares}; failures cost {cost['failures']:,.0f} rank-s "
             f"({cost['failures'] / total:.1%})")
 

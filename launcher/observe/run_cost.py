@@ -1,5 +1,5 @@
-"""A run directory read into the lanes of contract/rundir/failure_cost.py: what its GPU-time went to, and one line
-per failure, for launcher.status and bench/failure_cost.py.
+"""A run directory read into the lanes of contract/rundir/failure_cost.py: what its GPU- (or CPU-) time went to,
+and one line per failure, for launcher.status and bench/failure_cost.py.
 
 A plain run is one lane of all its ranks (plan.json's world_size); with parallel.replica_groups=N, group k's run
 directory (RUN_DIR for group 0, RUN_DIR/replicas/group_k) is a lane of world_size / N ranks, and the steps a lost
@@ -18,15 +18,30 @@ from contract.rundir.failure_cost import WATCHDOG_FILE, Lane, attempt_lines, att
 from contract.rundir.metrics_file import read_metrics
 
 
+def _plan(run_dir: Path) -> dict[str, Any]:
+    try:
+        plan = json.loads((Path(run_dir) / "plan.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return plan if isinstance(plan, dict) else {}
+
+
 def world_size(run_dir: Path, config: dict[str, Any]) -> int:
     """The run's ranks: plan.json's world_size, else local.nproc, else 1."""
-    try:
-        size = json.loads((Path(run_dir) / "plan.json").read_text()).get("world_size")
-    except (OSError, ValueError, AttributeError):
-        size = None
+    size = _plan(run_dir).get("world_size")
     if not isinstance(size, int) or size < 1:
         size = (config.get("local") or {}).get("nproc") or 1
     return int(size)
+
+
+def accelerator(run_dir: Path, config: dict[str, Any]) -> str:
+    """What the ranks ran on, "GPU" or "CPU": plan.json's, else (a run directory older than the key) the cluster's
+    gpus_per_node, else GPU."""
+    said = _plan(run_dir).get("accelerator")
+    if said in ("GPU", "CPU"):
+        return str(said)
+    cluster = config.get("cluster")
+    return "CPU" if isinstance(cluster, dict) and not cluster.get("gpus_per_node") else "GPU"
 
 
 def checkpoint_seconds(run_dir: Path) -> float | None:
@@ -94,4 +109,4 @@ def cost_notes(run_dir: Path, config: dict[str, Any], breakdown: dict[str, Any] 
         return []
     groups = int((config.get("parallel") or {}).get("replica_groups") or 1)
     notes = [] if groups > 1 else attempt_lines(lanes(Path(run_dir), config, jobs, waits)[0])
-    return [*notes, cost_line(breakdown)]
+    return [*notes, cost_line(breakdown, accelerator(run_dir, config))]

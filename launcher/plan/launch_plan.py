@@ -103,6 +103,9 @@ class Plan:
     active_params: int = 0
     # container=...: the image, the slurmtrain it runs, where that was checked, the mounts (launcher/checks/containers.py)
     container_lines: tuple[str, ...] = ()
+    # What the ranks run on: "GPU" or "CPU" (a CPU cluster, or a local run without GPUs); status and the report
+    # name the time they count after it.
+    accelerator: str = "GPU"
 
     @property
     def gpu_hours(self) -> float:
@@ -160,7 +163,7 @@ class Plan:
             "grad_accum_steps": self.grad_accum_steps, "global_batch_size": self.global_batch_size,
             "tokens_per_step": self.tokens_per_step, "n_params": self.n_params, "strategy": self.strategy,
             "lr": self.lr, "gpus": self.gpus, "gpu_hours_reserved_per_attempt": self.gpu_hours,
-            "max_steps": self.max_steps,
+            "max_steps": self.max_steps, "accelerator": self.accelerator,
         }
         if self.moe_line:
             out["active_params"] = self.active_params
@@ -303,6 +306,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         moe_line=moe_line(cfg, shape.n_params) if shape is not None else "",
         active_params=active_params(cfg, shape.n_params) if shape is not None else 0,
         container_lines=container_lines,
+        accelerator="GPU" if (cfg.cluster.gpus_per_node if cfg.cluster is not None else local_gpus) else "CPU",
         **_reservation(cfg),
     )
 

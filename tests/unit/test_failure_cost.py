@@ -208,3 +208,34 @@ def test_a_pause_the_user_chose_is_no_failure() -> None:
     # Under SLURM a "stopped" end is SIGTERM, often a preemption that SLURM requeues: its pause is counted.
     ended[1].local = False
     assert lane_cost(lane)["between"] == pytest.approx(221 - 181)
+
+
+@pytest.mark.parametrize(("plan", "config", "label"), [
+    ({"accelerator": "CPU"}, {}, "CPU-time: "),
+    ({"accelerator": "GPU"}, {}, "GPU-time: "),
+    ({}, {"cluster": {"gpus_per_node": 0}}, "CPU-time: "),  # a run directory older than plan.json's accelerator
+    ({}, {"cluster": {"gpus_per_node": 8}}, "GPU-time: "),
+])
+def test_the_breakdown_names_the_time_of_what_the_ranks_ran_on(tmp_path: Path, plan: dict[str, Any],
+                                                                config: dict[str, Any], label: str) -> None:
+    run_dir = tmp_path / "run"
+    write_run(run_dir, 2, [(s, 1005.0 + s, 1.0) for s in range(1, 11)], [(0, 1000.0), (1, 1030.0)])
+    (run_dir / "plan.json").write_text(json.dumps({"world_size": 2, **plan}))
+    record_event(run_dir, "crashed", attempt=0, job=None, step=5, steps_lost=0, started=1000.0, ended=1010.0)
+    config = {"local": {"nproc": 2}, "trainer": {"max_steps": 10}, **config}
+    cost = reader.cost(run_dir, config)
+    assert reader.cost_notes(run_dir, config, cost)[-1].startswith(label)
+
+
+@pytest.mark.parametrize(("overrides", "accelerator"), [
+    (["local.nproc=2"], None),  # this machine's
+    (["+cluster=local_slurm"], "CPU"),  # gpus_per_node: 0
+    (["+cluster=h100x8"], "GPU"),
+])
+def test_the_plan_records_what_the_ranks_run_on(overrides: list[str], accelerator: str | None) -> None:
+    import torch
+
+    from launcher.compose import compose_and_plan
+
+    _, plan = compose_and_plan([*overrides, "launcher.dry_run=true"])
+    assert plan.to_json()["accelerator"] == (accelerator or ("GPU" if torch.cuda.device_count() else "CPU"))
