@@ -41,16 +41,23 @@ def check_moe(cfg: Any, world: int) -> None:
                           f"same number of experts; pick an ep that divides {experts}")
     tp, pp = int(p.tp), int(p.pp)
     cp = int(p.get("cp", 1))
-    if tp > 1 and (int(cfg.data.seq_len) // cp) % tp:
+    kv = m.get("n_kv_heads") or m.n_heads
+    splits = not (int(m.n_heads) % tp or int(kv) % tp or int(m.ffn_hidden) % tp)  # else the layout's check says so
+    if tp > 1 and splits and (int(cfg.data.seq_len) // cp) % tp:
+        multiple = tp if cp == 1 else cp * math.lcm(2, tp)  # cp's 2 x cp chunks, each cp share in tp slices
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} does not split into parallel.tp={tp} equal slices"
                           f"{f' of each of its parallel.cp={cp} shares' if cp > 1 else ''}: each tp rank routes its "
                           f"slice of the sequence through the experts; use a data.seq_len that is a multiple of "
-                          f"{tp * cp if cp == 1 else 2 * cp * tp}")
+                          f"{multiple}")
     if ep == 1:
         return
     if cfg.strategy.get("backend") == "deepspeed":
         raise ConfigError(f"parallel.ep={ep} needs a torch strategy (ddp, fsdp, hsdp): strategy={cfg.strategy.name} "
                           "is DeepSpeed's")
+    if cfg.precision.name == "fp16" and cfg.strategy.name in ("fsdp", "fsdp_grad_op", "hsdp"):
+        raise ConfigError(f"precision=fp16 with parallel.ep={ep} under strategy={cfg.strategy.name} is not built: FSDP's "
+                          "sharded loss scaler unscales only what FSDP shards, and ep keeps the experts out of it; use "
+                          "precision=bf16, or strategy=ddp")
     dp = world // (tp * pp)
     if dp % ep:
         raise ConfigError(f"parallel.ep={ep} does not divide the {dp} data-parallel ranks it is taken from: pick an ep "

@@ -66,3 +66,23 @@ def test_what_can_not_run_is_refused_in_one_line(overrides: list[str], says: str
         compose_and_plan([*MOE, *overrides])
     message = str(refused.value)
     assert says in message and "\n" not in message and "use " in message, message
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    # The layout's own rule comes first: seq_len advice would not help.
+    (["local.nproc=3", "parallel.tp=3"], "parallel.tp=3 does not divide model.n_heads=4"),
+    # The rule under cp x tp: 2 x cp chunks, each cp share in tp slices (a multiple of 8 here, 40 runs).
+    (["local.nproc=8", "parallel.tp=4", "parallel.cp=2", "data.seq_len=36"], "a multiple of 8"),
+    (["local.nproc=2", "parallel.ep=2", "precision=fp16"], "precision=fp16 with parallel.ep=2 under strategy=fsdp"),
+    (["local.nproc=2", "parallel.tp=2", "strategy.compile=true"], "strategy.compile=true with parallel.tp=2 on CPU"),
+])
+def test_a_new_users_bad_inputs_get_the_rule_that_applies(overrides: list[str], says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        compose_and_plan([*MOE, *overrides])
+    message = str(refused.value)
+    assert says in message and "\n" not in message and ("use " in message or "pick " in message), message
+
+
+def test_cp_by_tp_takes_the_sequence_the_rule_names() -> None:
+    _, plan = compose_and_plan([*MOE, "local.nproc=8", "parallel.tp=4", "parallel.cp=2", "data.seq_len=40"])
+    assert plan.refusal in (None, ""), plan.refusal
