@@ -40,7 +40,7 @@ LOCAL_ATTEMPTS_FILE = "local_attempts.txt"
 UNEXPECTED = ("crashed", "hung", "corruption")
 # Lines that are not the end of an attempt (a "corruption" is one under SLURM when its job was requeued for it).
 WITHIN_ATTEMPT = ("skipped_step", "rollback", "corruption", "replica_lost", "replica_rejoined",
-                  "replica_sync_discarded", "replica_left")
+                  "replica_sync_discarded", "replica_left", "replica_restarting")
 
 
 def record_event(run_dir: Path, kind: str, **fields: Any) -> None:

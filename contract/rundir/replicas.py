@@ -19,6 +19,8 @@
      "waited_s": seconds, "groups_on": [j, ...]}
   group k stopped alone after step N with a checkpoint (a signal reached only it, train/replicas/stops.py) and left
   the quorum; the groups_on trained on (their replica_lost line follows, from step N + 1).
+    {"kind": "replica_restarting", "time", "group": k, "launcher_pid": pid, "host"}
+  in the group's own run directory: a local launcher starts the lost group k again (`restarting`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.rundir import ckpt_layout as layout
+from contract.rundir.events import WITHIN_ATTEMPT
 
 GROUP_ENV = "SLURMTRAIN_REPLICA_GROUP"
 GROUPS_ENV = "SLURMTRAIN_REPLICA_GROUPS"
@@ -45,6 +48,10 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 TASK_STARTED_ENV = "SLURMTRAIN_REPLICA_TASK_STARTED"
 LIGHTHOUSE_FILE = "lighthouse.json"
 LOST, REJOINED, DISCARDED, LEFT = "replica_lost", "replica_rejoined", "replica_sync_discarded", "replica_left"
+# A local launcher about to start a lost group again (launcher/run/replica_groups.py): the group's run directory gets
+# {"kind": RESTARTING, "launcher_pid", "host"} right after its attempt's end, so that status reads the group as
+# running, not crashed, while its launcher lives and the new attempt has not started yet.
+RESTARTING = "replica_restarting"
 # A group started to heal found no live peer ahead of it (every group was lost): it exits with this, and the
 # launcher starts it again from the checkpoint instead (never silently from step 0).
 EXIT_NO_PEER = 73
@@ -202,3 +209,15 @@ def failure_lines(events: list[dict[str, Any]], groups: int = 1, steps: int = 0)
         lines.append(f"replica groups trained {share:.1%} of the {groups} x {steps} group-steps (the rest were lost "
                      "groups' shares)")
     return lines
+
+
+def restarting(events: list[dict[str, Any]], host: str, alive: Any) -> bool:
+    """Whether a local launcher is starting this run directory's group again: a RESTARTING line after the newest
+    attempt's end, written on `host` by a launcher that `alive(pid)` says still runs."""
+    ends = [i for i, e in enumerate(events) if e.get("kind") not in WITHIN_ATTEMPT]
+    after = events[ends[-1] + 1:] if ends else events
+    marks = [e for e in after if e.get("kind") == RESTARTING]
+    if not marks:
+        return False
+    pid = marks[-1].get("launcher_pid")
+    return marks[-1].get("host") == host and isinstance(pid, int) and bool(alive(pid))

@@ -30,6 +30,7 @@ from contract.rundir import (
 from contract.rundir import environment as environment_errors
 from contract.rundir.metrics_file import read_metrics
 from contract.rundir.replicas import failure_lines as replica_failure_lines
+from contract.rundir.replicas import restarting as replica_restarting
 from launcher.observe import run_cost
 from launcher.observe.runs import DAMAGED, RunRef, Target, load_config, merge_jobs, newest_tasks
 
@@ -251,6 +252,8 @@ def run_row(run: RunRef, sacct: dict[str, list[accounting.Attempt]] | None,
     if not run.jobs:
         final = final_end(attempt_ends, events.last_local_attempt(run.run_dir))
         ended = events.ending_state(attempt_ends, final)
+        if final is not None and replica_restarting(attempt_ends, socket.gethostname(), _alive):
+            ended = "running"  # a lost replica group its live launcher is starting again
         row.state = DAMAGED if damage else ended or local_state(latest, max_steps, bool(metrics),
                                                                events.newest_local_process(run.run_dir),
                                                                None if final is None else str(final.get("kind")))

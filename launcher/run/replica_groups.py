@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ from omegaconf import OmegaConf
 
 from contract.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_STOPPED
 from contract.rundir import replicas as contract
+from contract.rundir.events import record_event
 from launcher.run import lighthouse, local_ends
 from launcher.run.local import POLL_S, WorkerGroup
 
@@ -180,6 +182,7 @@ class ReplicaGroups:
                                                                    f", group {newest[0]}'s"))
         print(f"launcher: replica group {group} lost (rank {rank} {reason}); torn down and restarted ({how}); "
               f"the other groups go on", file=sys.stderr, flush=True)
+        self._note_restart(group)
         self._restart(group, heal)
 
     def _left(self, group: int) -> None:
@@ -200,7 +203,17 @@ class ReplicaGroups:
         self.restarts[group] += 1
         print(f"launcher: replica group {group} stopped alone with a checkpoint (a signal reached only it); started "
               "again: it heals from a live group; the other groups go on", file=sys.stderr, flush=True)
+        self._note_restart(group)
         self._restart(group, heal=True)
+
+    def _note_restart(self, group: int) -> None:
+        """Until the new attempt starts, launcher.status reads the group as running while this launcher lives
+        (contract/rundir/replicas.py restarting), not as the end it just recorded."""
+        try:
+            record_event(self.workers[group].run_dir, contract.RESTARTING, group=group, launcher_pid=os.getpid(),
+                         host=socket.gethostname())
+        except OSError:
+            pass  # a run directory that takes no write: the launcher's line is all there is
 
     def stop(self) -> None:
         for thread, _ in list(self.starting.values()):

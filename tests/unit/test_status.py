@@ -413,3 +413,27 @@ def test_a_damaged_run_given_directly_is_one_line_with_its_restore_command(run_r
         out = capsys.readouterr()
         assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith(f"error: {run / 'config.yaml'} is damaged")
         assert f"(cp {run / 'checkpoints/step_20/config.yaml'} {run / 'config.yaml'})" in out.err
+
+
+@pytest.mark.parametrize(("launcher_alive", "state"), [(True, "running"), (False, "crashed")])
+def test_a_lost_replica_group_reads_running_while_its_launcher_starts_it_again(
+        run_root: Path, slurm: FakeSlurm, capsys: pytest.CaptureFixture[str], launcher_alive: bool, state: str) -> None:
+    """Group 0's rank died: the local launcher recorded the attempt's end (crashed) and is starting the group again.
+    Until the new attempt starts (seconds: the ranks' imports), status says running while that launcher lives, and
+    crashed once it is gone without a new attempt."""
+    import os
+    import socket
+
+    from contract.rundir import replicas
+    from contract.rundir.events import record_event
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # the dead rank 0, and a launcher that no longer runs
+    run_dir = run_root / "groups"
+    write_run(run_dir, name="groups", max_steps=40, losses=[3.0, 2.9], checkpoints={10: True})
+    (run_dir / "local_attempts.txt").write_text(f"0 1.0 {socket.gethostname()} {gone.pid}\n")
+    record_event(run_dir, "crashed", attempt=0, job=None, step=20, steps_lost=0, started=1.0, ended=30.0)
+    record_event(run_dir, replicas.RESTARTING, group=0, launcher_pid=os.getpid() if launcher_alive else gone.pid,
+                 host=socket.gethostname())
+    out = run_json(capsys, str(run_root))
+    assert {r["name"]: r["state"] for r in out["rows"]} == {"groups": state}

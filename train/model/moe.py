@@ -183,7 +183,8 @@ class MoE(nn.Module):
         parallelism the whole sequences' (summed over the cp ranks, one small all-reduce). With the whole fraction
         and this rank's mean probabilities, the mean of the cp ranks' balance losses is cp=1's, and so is the
         mean of their gradients (each rank's is its own tokens' share, times cp, as the cross-entropy's)."""
-        groups = [g for g in (self.cp_group, self.tp_slice and self.tp_slice.group) if g is not None]
+        tp_group = self.tp_slice.group if self.tp_slice is not None else None
+        groups = [g for g in (self.cp_group, tp_group) if g is not None]
         if not groups:
             return routed, assignments
         whole = routed.clone()
