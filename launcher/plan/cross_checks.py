@@ -182,7 +182,7 @@ def _resolve_accumulation(cfg: DictConfig, world: int) -> int:
     if t.global_batch_size % per_step:
         raise ConfigError(
             f"trainer.global_batch_size={t.global_batch_size} is not divisible by trainer.micro_batch_size x "
-            f"world size = {t.micro_batch_size} x {world}: {batch_fix(cfg, world)}"
+            f"data-parallel ranks = {t.micro_batch_size} x {world}: {batch_fix(cfg, world)}"
         )
     accum = t.global_batch_size // per_step
     if t.grad_accum_steps is not None and t.grad_accum_steps != accum:

@@ -54,6 +54,10 @@ CASES = [
     Case("watchdog-factor", ("watchdog.factor=0.5",), "set watchdog.factor to a value at least 1"),
     Case("global-batch", ("trainer.global_batch_size=20", "local.nproc=2"), "pick a global batch that is a multiple "
                                                                           "of 16"),
+    # Under tp the batch divides over the data-parallel ranks (2 of 4 here), and the message says so.
+    Case("global-batch-tp", ("strategy=fsdp", "trainer.global_batch_size=8", "trainer.micro_batch_size=8", "local.nproc=4",
+                             "parallel.tp=2", "model.tie_embeddings=false"),
+         "trainer.micro_batch_size x data-parallel ranks = 8 x 2"),
     # A typo's size is refused as not fitting at once, not after walking a million layers' parameters (the generous
     # limit only tells a refusal from a hang; it is no timing).
     Case("layers-typo", ("model.n_layers=1000000",), "model=tiny with strategy=ddp does not fit: ", timeout=60),
