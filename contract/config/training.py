@@ -277,6 +277,9 @@ class ParallelConfig:
     # How long a cross-group all-reduce or a heal may take before the step is discarded; the commit vote waits twice
     # this (a group's ranks reach it up to this far apart: one whose all-reduce failed at once, one that waited).
     replica_timeout_s: int = num(30, 1)
+    # A rank of a group that gives no sign of life for this long (frozen: SIGSTOP, a hung host) ends its group, which
+    # is started again and heals, so that it does not hold the other groups' quorum (train/replicas/liveness.py).
+    replica_peer_timeout_s: int = num(20, 2)
 
 
 @dataclass

@@ -123,6 +123,56 @@ def test_two_groups_lost_at_once_then_a_frozen_rank(run_root: Path, tmp_path: Pa
           f"steps missed {missed}")
 
 
+def test_a_frozen_rank_of_one_of_two_groups_does_not_hold_the_other(run_root: Path, tmp_path: Path) -> None:
+    """2 groups of 2 fsdp ranks; rank 1 of group 1 is frozen (SIGSTOP) while its rank 0 lives and heartbeats. With
+    two groups the lighthouse has no majority without it, so before train/replicas/liveness.py the survivor made no
+    step for 100 s. Now group 1's live rank sees its peer give no sign of life for parallel.replica_peer_timeout_s
+    and ends the group: group 0 trains on after a pause well under its own timeouts, group 1 heals from it, and the
+    run ends with both groups' weights equal."""
+    steps, groups, per_group, peer_timeout = 300, 2, 2, 5
+    trace = tmp_path / "digests"
+    trace.mkdir()
+    run_dir = run_root / "frozen2"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", *COMMON, *FAST, "strategy=fsdp", f"trainer.max_steps={steps}",
+         f"local.nproc={per_group * groups}", f"parallel.replica_groups={groups}", "trainer.ckpt_every=100",
+         f"parallel.replica_peer_timeout_s={peer_timeout}", f"run.root={hq(run_root)}", "run.name=frozen2"],
+        cwd=ROOT, env=launcher_env(SLURMTRAIN_TRACE_REPLICAS=str(trace)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    frozen = None
+    try:
+        _wait_for("both groups past step 10", lambda: all(len(_digests(trace, g)) > 10 for g in range(groups)),
+                  proc=proc)
+        frozen = _pid(run_dir, 1, 1)
+        os.kill(frozen, signal.SIGSTOP)
+        frozen_at = max(_digests(trace, 0))
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if frozen is not None and Path(f"/proc/{frozen}").exists():
+            os.kill(frozen, signal.SIGKILL)
+    assert proc.returncode == 0, err[-4000:]
+    assert frozen is not None and not Path(f"/proc/{frozen}").exists()  # ended with its group
+    assert "replica group 1 lost" in err and "replica group 0 lost" not in err, err[-4000:]
+    assert "no group is alive" not in err, err[-4000:]
+    log = (group_dir(run_dir, 1) / "logs" / "rank_0.log").read_text()
+    assert "its rank 1 has given no sign of life" in log, log[-3000:]
+    healed = _healed_at(run_dir, 1)
+    assert frozen_at <= healed < steps, (frozen_at, healed)
+    for rank in range(per_group):
+        assert _digests(trace, 1, rank)[healed] == _digests(trace, 0, rank)[healed], rank
+    # Group 0 never stopped for long: the peer timeout, the teardown and a quorum, not its 10 s collective timeout
+    # plus a 30 s quorum timeout (or the 100 s it waited before).
+    times = [r["time"] for r in read_metrics(run_dir)]
+    gap = max(b - a for a, b in zip(times, times[1:], strict=False))
+    assert gap < peer_timeout + 10 + 5, gap
+    final = [weights(group_dir(run_dir, g) / "checkpoints" / f"step_{steps}", tmp_path) for g in range(groups)]
+    for name, value in final[0].items():
+        assert torch.equal(final[1][name], value), name
+    print(f"frozen at step {frozen_at}; group 1 healed at {healed}; group 0's longest step gap {gap:.1f} s")
+
+
 def test_a_lost_diloco_group_heals_at_a_sync(run_root: Path, tmp_path: Path) -> None:
     """optim.outer=diloco, 2 groups of 1 rank, a sync every 5 steps: group 1's rank is killed inside an interval.
     Group 0 trains on, its next sync without group 1; group 1 is started again and heals at a sync from group 0 (its

@@ -32,6 +32,7 @@ from train.observe.metrics import log
 from train.replicas.averaging import CrossGroupAverage
 from train.replicas.diloco import OuterStep
 from train.replicas.ledger import Ledger
+from train.replicas.liveness import watch_peers
 from train.replicas.manager import held_state, load_held_state, make_manager, start_barrier
 from train.replicas.peers import place_on_slurm
 from train.replicas.stops import ALONE, TOGETHER, StopRule, kind_name
@@ -58,6 +59,7 @@ class Replicas:
         self.ledger = Ledger(self.main_dir, group, groups, group_dp, int(t.micro_batch_size), int(t.grad_accum_steps))
         self.cfg, self.device = cfg, device
         self.manager: Any = None  # made at the first step: a group heartbeats only once it is about to join
+        self.liveness = watch_peers(cfg, env, group)  # a frozen rank of this group ends it (liveness.py)
         self.resumed_step = 0
         # A stop one group's ranks agreed on goes to the others with every exchange from then on (stops.py decides).
         self.stops, self.left, self.preempt = StopRule(group), False, preempt_signal(cfg)
@@ -239,6 +241,8 @@ class Replicas:
         self.interval = []
 
     def close(self) -> None:
+        if self.liveness is not None:  # this rank ends normally: not to be taken for frozen by its peers
+            self.liveness.stop()
         self.ledger.close(self.env.is_main, self.present)
         if self.env.is_main and self.manager is not None:
             log.info("cross-group all-reduces: %d", self.average_.allreduces)  # tests compare schemes by it
