@@ -13,9 +13,9 @@ import torch
 import torch.multiprocessing as mp
 
 from contract.errors import EXIT_STOPPED
-from tests.conftest import read_metrics
 from tests.dist.context_parallel_workers import run_all
 from tests.dist.store import hosted_port
+from tests.dist.test_moe_compositions import assert_moe_runs_agree
 
 pytestmark = pytest.mark.dist
 
@@ -24,7 +24,6 @@ pytestmark = pytest.mark.dist
 STEPS, STOP = 8, 4
 COMMON = ["model=moe_tiny", "precision=fp32", f"trainer.max_steps={STEPS}", "trainer.ckpt_every=0",
           "trainer.global_batch_size=8", "trainer.micro_batch_size=8", "trainer.prefetch_steps=0", "strategy=fsdp"]
-TOLERANCE = 1e-5
 CAPACITY = "model.moe.capacity_factor=1.0"  # an expert takes at most half the tokens: some are dropped
 # Two data-parallel replicas of 4 sequences each: the load-balancing loss is over each replica's micro batch.
 REPLICAS = [*COMMON, "trainer.micro_batch_size=4"]
@@ -52,19 +51,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict
 def test_moe_under_tp_trains_to_the_losses_and_routing_without_it(runs: tuple[Path, dict[str, dict]], layout: str,
                                                                   plain: str) -> None:
     root, result = runs
-    reference, got = result[plain]["losses"], result[layout]["losses"]
-    assert sorted(got) == sorted(reference) == list(range(1, STEPS + 1))
-    for step, loss in got.items():
-        assert loss == pytest.approx(reference[step], rel=TOLERANCE), (layout, step)
-    one, two = ({r["step"]: r for r in read_metrics(root / name)} for name in (plain, layout))
-    assert ("capacity" in layout) == any(one[s]["moe_dropped"] > 0 for s in reference)
-    for step in reference:
-        # The gradients summed over tp: the norm is the one without tp (a missing sum would halve it).
-        assert two[step]["grad_norm"] == pytest.approx(one[step]["grad_norm"], rel=TOLERANCE), step
-        assert two[step]["moe_aux_loss"] == pytest.approx(one[step]["moe_aux_loss"], rel=TOLERANCE), step
-        assert two[step]["moe_z_loss"] == pytest.approx(one[step]["moe_z_loss"], rel=TOLERANCE), step
-        assert two[step]["moe_load"] == one[step]["moe_load"], step  # each token counted once
-        assert two[step]["moe_dropped"] == one[step]["moe_dropped"], step  # the same queues, the same drops
+    # The gradients summed over tp: the norm is the one without tp (a missing sum would halve it).
+    assert_moe_runs_agree(root, result, layout, plain, STEPS, close=("grad_norm", "moe_aux_loss", "moe_z_loss"))
 
 
 def test_a_stopped_and_resumed_ep_by_tp_run_is_bitwise_the_uninterrupted_one(

@@ -3,11 +3,12 @@
     base.py               the protocol and the torch-native implementation the wrappers share
     single.py ddp.py fsdp.py deepspeed.py   the backends
     mesh.py               the device mesh: data x context x pipeline x tensor parallel
-    tensor_parallel.py    Megatron's column / row split of the transformer (DTensor)
+    tensor_parallel.py    Megatron's column / row split of the transformer (DTensor); MoE layers whole per tp rank
     pipeline.py           pipeline stages and their schedules
     context_parallel.py   every sequence split over parallel.cp ranks: head-tail chunks, their attention
     expert_parallel.py    parallel.ep: each MoE layer's experts over data-parallel ranks, tokens by all-to-all
-    expert_stages.py      parallel.ep under parallel.pp: the ep groups of one stage's data-parallel ranks
+    expert_stages.py      parallel.ep under parallel.pp or tp: the ep groups of one stage's / tp index's data ranks
+    grads.py              gradients on several meshes: their global norm; a flat all-reduce over a group
     limits.py             what a backend can't shard (one-line refusals)
     grad_compression.py   strategy.grad_compression: DDP's communication hook (bf16, fp16, PowerSGD and its per-rank
                           state, checkpointed), FSDP2's reduce dtype

@@ -33,7 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from train.model.moe import Experts, moe_layers
-from train.strategies.grad_norm import total_norm
+from train.strategies.grads import all_reduce_flat, total_norm
 
 
 class _AllToAll(torch.autograd.Function):
@@ -111,14 +111,7 @@ class ExpertParallel:
 
     def reduce_gradients(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        if self.mesh.size(0) > 1:
-            dist.all_reduce(flat, group=self.edp_group)
-        flat /= self.dp_size
-        torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in grads]), grads,
-                                                                  strict=True)])
+        all_reduce_flat(grads, self.edp_group if self.mesh.size(0) > 1 else None, self.dp_size)
 
     def clip_gradients(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
         own = {id(p) for p in self.params}

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from train.data import forward_kwargs
 from train.loss import cross_entropy
-from train.strategies.grad_norm import total_norm
+from train.strategies.grads import total_norm
 
 
 def stage_layers(n_layers: int, stages: int, stage: int) -> range:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -31,6 +29,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from train.model.moe import MoE, SequenceSlice
+from train.strategies.grads import all_reduce_flat
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -80,10 +79,5 @@ def sum_replicated_gradients(params: list[nn.Parameter], group: Any) -> None:
     are the whole micro batches' on every tp rank. FSDP's shards are summed through their local tensors (the same
     shard on each tp rank of a data-parallel index)."""
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-    flat = torch.cat([g.reshape(-1) for g in local])
-    dist.all_reduce(flat, group=group)
-    torch._foreach_copy_(local, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in local]), local,
-                                                              strict=True)])
+    all_reduce_flat([g.to_local() if isinstance(g, DTensor) else g for g in grads], group)
+
