@@ -45,6 +45,14 @@ def _healed_at(run_dir: Path, group: int) -> int:
     return int(last.split("healed from a live group at step ")[1].split()[0])
 
 
+def _dead(pid: int) -> bool:
+    """The process is gone or a zombie (killed, not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def _healed(run_dir: Path, group: int) -> bool:
     text = (group_dir(run_dir, group) / "logs" / "rank_0.log").read_text()
     return "healed from a live group at step " in text[text.rindex("joined via local"):]
@@ -70,10 +78,16 @@ def test_two_groups_lost_at_once_then_a_frozen_rank(run_root: Path, tmp_path: Pa
     frozen = None
     try:
         _wait_for(f"group 3 at step {inject_at}", lambda: len(_digests(trace, 3)) >= inject_at, proc=proc)
-        for pid in (_pid(run_dir, 2, 0), _pid(run_dir, 3, 1)):
+        victims = {(2, 0): _pid(run_dir, 2, 0), (3, 1): _pid(run_dir, 3, 1)}
+        for pid in victims.values():
             os.kill(pid, signal.SIGKILL)
-        at = max(_digests(trace, 0))
         killed = time.monotonic()
+        for pid in victims.values():  # dead (a zombie until its launcher reaps it): its trace is final until it heals
+            _wait_for(f"pid {pid} dead", lambda pid=pid: _dead(pid), proc=proc)
+        # The steps the killed ranks had done as they started their last step. Group 0's own trace is no measure of
+        # when they were killed: under load it lags the others by a step or two when read.
+        kill_steps = {max(_digests(trace, g, r)) for g, r in victims}
+        at = min(kill_steps)
         _wait_for("groups 2 and 3 healed", lambda: _healed(run_dir, 2) and _healed(run_dir, 3), proc=proc)
         # A few steps of all four first: the loss of groups 2 and 3 is closed before group 1 is lost (the other order,
         # the writer of an open loss lost, is tests/unit/test_replica_ledger.py's).
@@ -113,12 +127,14 @@ def test_two_groups_lost_at_once_then_a_frozen_rank(run_root: Path, tmp_path: Pa
     missed = check_ledger(run_dir, steps, groups, per_group)
     # Group 0 missed the kill step at most (fallen behind there); a killed group back before the survivors went on
     # missed nothing.
-    assert missed[0] <= {at, at + 1} and missed[1], missed
+    # (A trace's step is the steps done as a step starts: a rank whose last line is k was training logged step k + 1,
+    # or was in step k + 2's quorum, or, killed in an all-reduce it had finished, left others in step k's.)
+    assert missed[0] <= set(range(min(kill_steps), max(kill_steps) + 3)) and missed[1], (missed, kill_steps)
     # Every group healed from a live one: no end recorded for it counts a step as trained again (a rank that raised
     # or hung counted those since its checkpoint).
     ends = [e for g in range(groups) for e in read_events(group_dir(run_dir, g)) if e["kind"] in ("crashed", "hung")]
     assert ends and all(e["steps_lost"] == 0 for e in ends), ends
-    print(f"launch {took:.0f} s (kills at step {at}, {killed - started:.0f} s in; freeze at step {frozen_at}, "
+    print(f"launch {took:.0f} s (kills at steps {sorted(kill_steps)}, {killed - started:.0f} s in; freeze at step {frozen_at}, "
           f"{froze - started:.0f} s in); group 0's longest step gap {gap:.1f} s; healed at {healed}; "
           f"steps missed {missed}")
 
