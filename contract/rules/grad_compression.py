@@ -85,7 +85,7 @@ def plan_lines(cfg: Any, replicas: int, nodes: int) -> tuple[str, ...]:
     if groups > 1:  # within a group as set; the cross-group average (train/replicas/averaging.py) in their own dtype
         across = f"across the {groups} replica groups in their own dtype (the groups' average is never compressed)"
         if replicas // groups <= 1:
-            return (f"gradients averaged {across}: {setting} has nothing to compress (one rank per group)",)
+            return (f"gradients averaged {across}: {setting} has nothing to compress (one data-parallel rank per group)",)
         return (f"gradients averaged over each group's {replicas // groups} data-parallel ranks {wire}: {setting}"
                 + (f", {why}" if why else "") + f"; then {across}",)
     return (f"gradients averaged over {replicas} data-parallel ranks {wire}: {setting}" + (f", {why}" if why else ""),)

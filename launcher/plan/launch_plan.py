@@ -293,7 +293,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         model_note=shape_note,
         refusal=refusal,
         data_parallel=dp,
-        layout_lines=tuple(summary_lines(degrees, world, accum)) + replica_lines(cfg, dp, global_batch),
+        layout_lines=tuple(summary_lines(degrees, world, accum)) + replica_lines(cfg, dp, world, global_batch),
         data_lines=data_lines(cfg, int(cfg.trainer.max_steps) * global_batch) + tuple(
             line for line in [eval_plan_line(cfg, global_batch)] if line) + eval_set_warnings(cfg, global_batch),
         weights_lines=weights_lines(cfg, run_dir, world) + shape_lines + tuple(

@@ -1,9 +1,11 @@
 """parallel.replica_groups in the plan: what it refuses (one line each, before anything starts) and what it shows.
 
 Refused: groups that don't divide the data-parallel ranks; DeepSpeed (its engine owns the optimizer step, which the
-cross-group average and the commit vote must come before); tensor, pipeline, context or expert parallelism inside a
-group (not built: the cross-group average would have to know their shards); on SLURM, groups that don't split
-cluster.nodes into whole nodes (launcher/plan/replica_slurm_plan.py); a parallel.lighthouse that does not answer.
+cross-group average and the commit vote must come before); on SLURM, groups that don't split cluster.nodes into whole
+nodes (launcher/plan/replica_slurm_plan.py); a parallel.lighthouse that does not answer. Tensor, pipeline, context and
+expert parallelism run inside each group as without groups: the data-parallel ranks are split, so every group holds
+whole model-parallel blocks laid out alike, and rank r of each group holds the same shards (the cross-group average
+and a heal pair rank r with rank r).
 optim.outer=diloco (train/replicas/diloco.py) is refused without replica groups, and when trainer.max_steps is not a
 whole number of optim.sync_every intervals (the last steps would end unsynced, each group with its own weights).
 """
@@ -81,11 +83,6 @@ def check_replica_groups(cfg: Any, dp: int) -> None:
     if name in DEEPSPEED:
         raise ConfigError(f"parallel.replica_groups does not work with strategy={name}: DeepSpeed's engine steps "
                           "the optimizer itself, before the groups could average: use strategy=fsdp or strategy=ddp")
-    inner = {k: int(p.get(k, 1)) for k in ("tp", "pp", "cp", "ep")}
-    if any(v > 1 for v in inner.values()):
-        used = ", ".join(f"parallel.{k}={v}" for k, v in inner.items() if v > 1)
-        raise ConfigError(f"parallel.replica_groups with {used} is not built yet: replica groups split plain data "
-                          "parallelism (strategy=ddp, fsdp or hsdp); drop one of them")
     check_slurm_groups(cfg, groups)  # on SLURM first: its fix is cluster.nodes, not local.nproc
     if dp % groups:
         more = "cluster.nodes (or cluster.tasks_per_node)" if cfg.get("cluster") is not None else "local.nproc"
@@ -95,7 +92,7 @@ def check_replica_groups(cfg: Any, dp: int) -> None:
         check_lighthouse(str(p.lighthouse))
 
 
-def replica_lines(cfg: Any, dp: int, global_batch: int) -> tuple[str, ...]:
+def replica_lines(cfg: Any, dp: int, world: int, global_batch: int) -> tuple[str, ...]:
     """The plan's lines: the groups, the per-group batch, the lighthouse, what a lost group costs."""
     p = cfg.parallel
     groups = int(p.get("replica_groups", 1))
@@ -107,13 +104,24 @@ def replica_lines(cfg: Any, dp: int, global_batch: int) -> tuple[str, ...]:
               f"pseudo-gradients averaged through torchft and applied by SGD (lr {float(o.outer_lr):g}, momentum "
               f"{float(o.outer_momentum):g}{', Nesterov' if o.outer_nesterov else ''})"
               if o.get("outer", "none") == "diloco" else "gradients averaged across groups through torchft")
-    return (f"replica groups: {groups} of {dp // groups} rank(s), each its own process group, {across}; "
+    ranks, group_dp = world // groups, dp // groups
+    inner = "" if ranks == group_dp and int(p.get("ep", 1)) == 1 else f" (each: {inner_layout(cfg, group_dp)})"
+    return (f"replica groups: {groups} of {ranks} rank(s){inner}, each its own process group, {across}; "
             f"each group reads {global_batch // groups} of the {global_batch} "
             "sequences of every step",
-            *array_line(cfg, groups, dp // groups),
+            *array_line(cfg, groups, ranks),
             f"lighthouse {where}; heartbeat timeout {int(p.replica_heartbeat_timeout_ms)} ms, join timeout "
             f"{int(p.replica_join_timeout_ms)} ms",
             f"a lost group: the others go on at {groups - 1}/{groups} of the batch (its samples of those steps are "
             "not trained, and events.jsonl names them) until it is restarted and heals from a live group"
             + (" at the next sync; a sync that fails (a group lost during it) discards its interval"
                if o.get("outer", "none") == "diloco" else ""))
+
+
+def inner_layout(cfg: Any, group_dp: int) -> str:
+    """A group's layout in the plan's words: the model-parallel degrees and its data-parallel ranks (the experts'
+    ranks, parallel.ep, are some of those)."""
+    p = cfg.parallel
+    parts = [f"{k} {int(p.get(k, 1))}" for k in ("tp", "pp", "cp") if int(p.get(k, 1)) > 1]
+    ep = int(p.get("ep", 1))
+    return " x ".join([*parts, f"dp {group_dp}"]) + (f", the experts split over ep {ep}" if ep > 1 else "")

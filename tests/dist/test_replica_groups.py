@@ -41,18 +41,24 @@ def group_dir(run_dir: Path, group: int) -> Path:
     return run_dir if group == 0 else run_dir / "replicas" / f"group_{group}"
 
 
-@pytest.mark.parametrize(("strategy", "nproc", "groups"), [("ddp", 3, 3), ("fsdp", 4, 2)])
+TP = ("parallel.tp=2", "model.tie_embeddings=false")
+
+
+@pytest.mark.parametrize(("strategy", "nproc", "groups", "inner"),
+                         [("ddp", 3, 3, ()), ("fsdp", 4, 2, ()), ("fsdp", 4, 2, TP)], ids=["ddp", "fsdp", "fsdp-tp2"])
 def test_groups_equal_a_plain_run_of_the_same_data_parallel_size(strategy: str, nproc: int, groups: int,
-                                                                 run_root: Path, tmp_path: Path) -> None:
+                                                                 inner: tuple[str, ...], run_root: Path,
+                                                                 tmp_path: Path) -> None:
+    """fsdp-tp2: each group is one tensor-parallel pair (tp 2 x dp 1); the plain run is tp 2 x dp 2."""
     steps = 6
     traces = {name: tmp_path / name for name in ("plain", "groups")}
     for d in traces.values():
         d.mkdir()
-    plain = launch(*COMMON, f"strategy={strategy}", f"trainer.max_steps={steps}", f"local.nproc={nproc}",
+    plain = launch(*COMMON, *inner, f"strategy={strategy}", f"trainer.max_steps={steps}", f"local.nproc={nproc}",
                    f"run.root={hq(run_root)}",
                    "run.name=plain", SLURMTRAIN_TRACE_SAMPLES=str(traces["plain"]))
     assert plain.returncode == 0, plain.stderr[-3000:]
-    out = launch(*COMMON, *PATIENT, f"strategy={strategy}", f"trainer.max_steps={steps}", f"local.nproc={nproc}",
+    out = launch(*COMMON, *PATIENT, *inner, f"strategy={strategy}", f"trainer.max_steps={steps}", f"local.nproc={nproc}",
                  f"parallel.replica_groups={groups}",
                  f"run.root={hq(run_root)}", "run.name=groups", SLURMTRAIN_TRACE_SAMPLES=str(traces["groups"]))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -147,19 +153,61 @@ def test_a_lost_group_heals_from_a_live_one_while_the_others_go_on(strategy: str
     print(f"survivors' longest step gap {max(gaps):.2f} s; healed at step {healed}; steps missed {gaps_of}")
 
 
-def check_ledger(run_dir: Path, steps: int, groups: int, per_group: int) -> dict[int, set[int]]:
+def test_a_pipeline_group_heals_stage_by_stage_from_a_live_one(run_root: Path, tmp_path: Path) -> None:
+    """2 groups, each a pipeline of 2 stages (pp 2 x dp 1, 8 micro batches of 1). The last stage of group 1 is
+    killed; the group is torn down, restarted and heals from group 0, each stage from its counterpart, bit for bit;
+    both end equal, and the ledger names group 1's interleaved samples of the steps it missed."""
+    steps, kill_after = 100, 10
+    trace = tmp_path / "digests"
+    trace.mkdir()
+    run_dir = run_root / "pp"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", *COMMON, *FAST, "strategy=fsdp", "parallel.pp=2", "model.tie_embeddings=false",
+         "trainer.micro_batch_size=1", "trainer.grad_accum_steps=8", f"trainer.max_steps={steps}", "local.nproc=4",
+         "parallel.replica_groups=2", f"run.root={hq(run_root)}", "run.name=pp"],
+        cwd=ROOT, env=launcher_env(SLURMTRAIN_TRACE_REPLICAS=str(trace)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(f"group 1 at step {kill_after}", lambda: len(_digests(trace, 1, 1)) >= kill_after, proc=proc)
+        victim = group_dir(run_dir, 1) / "logs" / "rank_1.log"
+        os.kill(int(next(line for line in victim.read_text().splitlines()
+                         if "joined via local" in line).rsplit("pid ", 1)[1]), signal.SIGKILL)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    assert "replica group 1 lost" in err, err[-4000:]
+    text = (group_dir(run_dir, 1) / "logs" / "rank_0.log").read_text()
+    restarted = text[text.rindex("joined via local"):]
+    assert "resumed from" not in restarted and "healed from a live group at step " in restarted, restarted[-3000:]
+    healed = int(restarted.split("healed from a live group at step ")[1].split()[0])
+    assert kill_after - 1 <= healed < steps, healed
+    for stage in range(2):  # each stage's weights, taken from group 0's same stage
+        assert _digests(trace, 1, stage)[healed] == _digests(trace, 0, stage)[healed], stage
+    final = [weights(group_dir(run_dir, g) / "checkpoints" / f"step_{steps}", tmp_path) for g in range(2)]
+    assert final[0].keys() == final[1].keys() and all(torch.equal(final[1][k], v) for k, v in final[0].items())
+    missed = check_ledger(run_dir, steps, 2, 1, micro=1, accum=8)
+    assert not missed[0] and missed[1], missed
+
+
+def check_ledger(run_dir: Path, steps: int, groups: int, per_group: int, micro: int = 8,
+                 accum: int = 1) -> dict[int, set[int]]:
     """The ledger against what each group logged: a group that missed a committed step (a lost group while it was
     down; or, when a kill fell inside an all-reduce that some groups' ranks finished, a group that fell a step behind
-    and healed too) is in the loss's groups, and the samples it did not train are exactly its shares of those steps.
-    Returns each group's missed steps."""
+    and healed too) is in the loss's groups, and the samples it did not train are exactly its shares of those steps
+    (`per_group`: a group's data-parallel ranks; group g's are the g-th run of them). Returns each group's missed
+    steps."""
+    from train.data.batches import micro_batch_indices
+
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     lost = [e for e in events if e["kind"] == "replica_lost"]
     rejoined = [e for e in events if e["kind"] == "replica_rejoined"]
-    share = 8 * per_group  # micro 8 x the group's ranks: group g reads the g-th share of each step's batch
-    batch = groups * share
+    dp = groups * per_group
+    batch = micro * accum * dp
     gaps_of = {g: set(range(1, steps + 1)) - _logged_steps(group_dir(run_dir, g), steps) for g in range(groups)}
-    want = {x for g, gap in gaps_of.items() for s in gap for x in range((s - 1) * batch + g * share,
-                                                                      (s - 1) * batch + (g + 1) * share)}
+    want = {x for g, gap in gaps_of.items() for s in gap for r in range(g * per_group, (g + 1) * per_group)
+            for m in range(accum) for x in micro_batch_indices((s - 1) * batch, m, r, dp, micro)}
     got = {x for r in rejoined for start, end in r["missed_samples"] for x in range(start, end)}
     assert got == want, (gaps_of, events)
     assert len(lost) == len(rejoined), events

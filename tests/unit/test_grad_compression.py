@@ -47,10 +47,10 @@ def test_the_plan_names_the_wire_format_only_where_ranks_average() -> None:
 
 def test_with_replica_groups_the_plan_says_the_groups_average_is_not_compressed() -> None:
     """A new user's trial: with replica groups the plan said bf16 halved the bytes of an average that torchft does in
-    the gradients' own dtype, with nothing to compress at one rank per group."""
+    the gradients' own dtype, with nothing to compress at one data-parallel rank per group."""
     cfg = OmegaConf.create({"strategy": _strategy("ddp", "bf16"), "precision": {"name": "fp32"},
                             "parallel": {"replica_groups": 2}})
     (alone,) = plan_lines(cfg, 2, 1)
-    assert "half the bytes" not in alone and "nothing to compress (one rank per group)" in alone
+    assert "half the bytes" not in alone and "nothing to compress (one data-parallel rank per group)" in alone
     (inner,) = plan_lines(cfg, 4, 1)
     assert "over each group's 2 data-parallel ranks in bf16" in inner and "never compressed" in inner

@@ -50,6 +50,22 @@ def test_a_dry_run_shows_the_array_and_the_lighthouse_job(tmp_path: Path) -> Non
     assert not (run_dir / "config.yaml").exists()  # nothing prepared, nothing submitted
 
 
+@pytest.mark.parametrize(("inner", "layout", "ranks"), [
+    (["parallel.tp=2", "model.tie_embeddings=false"], "(each: tp 2 x dp 1)", 2),
+    (["cluster.tasks_per_node=4", "parallel.pp=2", "model.tie_embeddings=false", "trainer.micro_batch_size=1",
+      "trainer.grad_accum_steps=8"], "(each: pp 2 x dp 2)", 4),
+    (["cluster.tasks_per_node=4", "model=moe_tiny", "parallel.ep=2"], "(each: dp 4, the experts split over ep 2)", 4),
+], ids=["tp", "pp", "ep"])
+def test_a_group_holds_whole_model_parallel_blocks(inner: list[str], layout: str, ranks: int, tmp_path: Path) -> None:
+    """Model parallelism inside each group: the plan names a group's layout, and the array's tasks hold all of a
+    group's ranks, not only its data-parallel ones."""
+    out = _dry(tmp_path / "runs", *inner)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"replica groups: 3 of {ranks} rank(s) {layout}, each its own process group" in out.stderr, out.stderr
+    assert f"job array of 3 tasks (task k = replica group k), each 1 node(s) x {ranks} rank(s)" in out.stderr
+    assert f"#SBATCH --ntasks-per-node={ranks}" in (tmp_path / "runs" / "g" / "sbatch.dry_run.sh").read_text()
+
+
 def test_lighthouse_login_is_on_this_host_and_no_job(tmp_path: Path) -> None:
     out = _dry(tmp_path / "runs", "parallel.lighthouse=login")
     assert out.returncode == 0, out.stderr[-3000:]
