@@ -3,7 +3,8 @@ gradient, already reduced inside the group) averaged over the groups in the quor
 
 manager.allreduce is called directly (torchft's DDP wrapper crashes the survivor when a peer dies mid-all-reduce: a
 failed all-reduce here only makes should_commit() say no). The float32 buffer carries one more slot per group: a 1 in
-this group's, so that the average times the participants says which groups took part in the step, and one more
+this group's (0 when its gradients must not count: they are zeroed and the mean rescaled to the groups that do), so
+that the average times the participants says which groups took part in the step, and one more
 per group with the stop its ranks agreed on (train/faults/preemption.py's kinds), so that every group hears every
 group's ask at the same exchange (stops.py decides who stops).
 """
@@ -33,10 +34,13 @@ class CrossGroupAverage:
 
     def average(self, params: Sequence[torch.Tensor], stop: int = 0, counted: bool = True) -> tuple[list[int], Asks]:
         """Average the gradients of `params` over the quorum's groups, in place; returns the groups that took part
-        (their order: the group index; `counted` False: this group's data is not counted as trained, a DiLoCo group
-        that healed in this sync) and the `stop` each group sent, with the quorum's size. A failed all-reduce leaves
-        garbage, which the caller's commit vote discards."""
+        (their order: the group index; `counted` False: a DiLoCo group that healed in this sync, whose interval is
+        not its own: its data is not counted as trained and its gradients, a copy of its source group's, are left
+        out of the mean, which is then that of the other groups) and the `stop` each group sent, with the quorum's
+        size. A failed all-reduce leaves garbage, which the caller's commit vote discards."""
         grads = [_local_grad(p) for p in params if p.requires_grad]
+        if not counted:  # its share is not one of its own (a DiLoCo heal copied a peer's): it adds nothing
+            torch._foreach_zero_(grads)
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
@@ -57,5 +61,8 @@ class CrossGroupAverage:
             torch._foreach_copy_(parts, list(_unflatten_dense_tensors(flat, parts)))
         n = self.manager.num_participants()
         values = [round(float(v) * n) for v in member.tolist()]
+        counting = sum(values[:self.groups])
+        if 0 < counting < n:  # the mean of the groups that count: the others sent zeros
+            torch._foreach_mul_(grads, n / counting)
         asks = Asks({g: values[self.groups + g] for g in range(self.groups) if values[self.groups + g] > 0}, n)
         return [g for g in range(self.groups) if values[g] == 1], asks
