@@ -38,6 +38,8 @@ RUN_DIR_GONE = "run_dir_gone"
 NOT_WRITABLE = "not_writable"
 HOST_MEMORY = "host_memory"
 OOM_KILLED = "oom_killed"
+# Replica groups on SLURM whose lighthouse is gone for good (its job ended): they can't meet without it.
+LIGHTHOUSE_GONE = "lighthouse_gone"
 
 MEMORY_FIX = ("reduce trainer.micro_batch_size (raise trainer.grad_accum_steps to keep the batch) or "
               "trainer.prefetch_steps, or ask for more memory (cluster.mem_per_task_gb)")
@@ -47,6 +49,15 @@ MEMORY_FIX = ("reduce trainer.micro_batch_size (raise trainer.grad_accum_steps t
 class Ending:
     cause: str
     line: str  # the one line the user sees, "error: ..."
+
+
+class EndedByEnvironment(RuntimeError):
+    """Raised where the code itself finds what it needs gone from outside (a replica group's lighthouse): `ending`
+    is what the user is told, and the run ends as for any cause here, never requeued."""
+
+    def __init__(self, ending: Ending) -> None:
+        super().__init__(ending.line)
+        self.ending = ending
 
 
 def _causes(err: BaseException, seen: set[int] | None = None) -> Iterator[tuple[BaseException, int | None]]:
@@ -166,6 +177,8 @@ def classify(err: BaseException, run_dir: Path, *, rank: int | None = None, host
     chain = list(_causes(err))
     in_checkpoint = any(_is_checkpoint_collective(e) for e, _ in chain)
     for current, failed_rank in chain:
+        if isinstance(current, EndedByEnvironment):
+            return current.ending
         where = _where(failed_rank if failed_rank is not None else rank, host if failed_rank in (None, rank) else None)
         if _is_host_memory(current):
             return Ending(HOST_MEMORY, memory_line(where, step, run_dir))

@@ -138,7 +138,8 @@ def ready_file(run_dir: Path, launch: str, group: int) -> Path:
 def write_lighthouse(run_dir: Path, address: str, host: str, pid: int | None, started_by: str) -> None:
     path = Path(run_dir) / LIGHTHOUSE_FILE
     tmp = path.with_name(f".{LIGHTHOUSE_FILE}.tmp")
-    tmp.write_text(json.dumps({"address": address, "host": host, "pid": pid, "started_by": started_by,
+    job = os.environ.get("SLURM_JOB_ID") if started_by == "job" else None  # a job of its own: which (peers.py)
+    tmp.write_text(json.dumps({"address": address, "host": host, "pid": pid, "started_by": started_by, "job": job,
                                "time": time.time()}) + "\n")
     tmp.replace(path)
 

@@ -6,6 +6,8 @@
   task, the test releases it as an operator would (SLURM's begin-time delay), and it heals from a live group.
 - 2 groups of 1 rank with the default lighthouse, a job of its own, preempted whole (USR1 to the array): they
   resume from their checkpoints together.
+- The same, the lighthouse's job cancelled mid-run: the groups end in one line, not requeued, and the same command
+  resumes them with a new lighthouse.
 """
 
 from __future__ import annotations
@@ -201,3 +203,59 @@ def test_a_preempted_array_resumes_from_its_checkpoints_with_the_lighthouse_job(
                            text=True, cwd=ROOT)
     row = json.loads(shown.stdout)["rows"][0]
     assert (row["job"], row["state"], row["requeues"]) == (array, "COMPLETED", 2), row
+
+
+def test_a_lighthouse_whose_job_ends_ends_the_run_in_one_line_and_the_same_command_resumes(run_root: Path,
+                                                                                          tmp_path: Path) -> None:
+    """The lighthouse's own job is cancelled mid-run (a node lost, a stray scancel): nothing starts it again, so each
+    group, its quorum failed, finds the job gone and ends with one line and exit 74 (the environment's), not
+    requeued (train/replicas/peers.py). The same command submits a new lighthouse and the groups resume from their
+    last common checkpoint, and end equal."""
+    steps = 200
+    args = ["+cluster=local_slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "parallel.replica_groups=2",
+            "strategy=ddp", f"trainer.max_steps={steps}", "trainer.log_every=1", "trainer.ckpt_every=10",
+            "logger.backend=none", "checkpoint.verify_early=false", "parallel.replica_heartbeat_timeout_ms=1500",
+            "parallel.replica_join_timeout_ms=60000", "parallel.replica_quorum_timeout_s=15",
+            f"run.root={hq(run_root)}", "run.name=gone"]
+    out = launch(*args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    array = re.search(r"submitted array (\d+): 2 replica groups", out.stdout).group(1)  # type: ignore[union-attr]
+    beacon = re.search(r"lighthouse: +job (\d+)", out.stdout).group(1)  # type: ignore[union-attr]
+    run_dir = run_root / "gone"
+    tasks = [f"{array}_0", f"{array}_1"]
+    try:
+        poll(lambda: (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 15, 300, "step 15")
+        subprocess.run(["scancel", beacon], check=True)
+        for task in tasks:
+            poll(lambda task=task: sacct_state(task).startswith(("COMPLETED", "FAILED", "CANCELLED")), 300,
+                 f"task {task} to end")
+    finally:
+        subprocess.run(["scancel", array], capture_output=True)
+    for g, task in enumerate(tasks):
+        assert sacct_state(task) == "FAILED", sacct_state(task)
+        history = subprocess.run(["sacct", "-j", task, "-D", "-X", "-n", "-o", "State,ExitCode"], capture_output=True,
+                                 text=True).stdout.split()
+        assert history == ["FAILED", "74:0"], history  # one attempt: not requeued
+        ended = [e for e in map(json.loads, (group_dir(run_dir, g) / "events.jsonl").read_text().splitlines())
+                 if e["kind"] == "environment"]
+        assert len(ended) == 1 and ended[0]["cause"] == "lighthouse_gone", ended
+        line = ended[0]["message"]
+        assert line.startswith("error: the lighthouse of the replica groups at ") and "\n" not in line, line
+        assert f"is gone (its job {beacon} has ended)" in line and "run the same command: it resumes" in line, line
+        assert line in _log(run_dir, array, g)
+    again = launch(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    second = re.search(r"submitted array (\d+): 2 replica groups", again.stdout).group(1)  # type: ignore[union-attr]
+    beacon2 = re.search(r"lighthouse: +job (\d+)", again.stdout).group(1)  # type: ignore[union-attr]
+    try:
+        for task in (f"{second}_0", f"{second}_1"):
+            poll(lambda task=task: sacct_state(task).startswith(("COMPLETED", "FAILED", "CANCELLED")), 300,
+                 f"task {task} to end")
+    finally:
+        subprocess.run(["scancel", second, beacon2], capture_output=True)
+    assert [sacct_state(f"{second}_{g}") for g in range(2)] == ["COMPLETED"] * 2
+    resumed = [re.search(r"resumed from .*step_(\d+): step", _log(run_dir, second, g)).group(1)  # type: ignore[union-attr]
+               for g in range(2)]
+    assert resumed[0] == resumed[1] and 10 <= int(resumed[0]) < steps, resumed
+    final = [weights(group_dir(run_dir, g) / "checkpoints" / f"step_{steps}", tmp_path) for g in range(2)]
+    assert all(torch.equal(final[1][name], value) for name, value in final[0].items())

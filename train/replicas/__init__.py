@@ -6,7 +6,7 @@
     stops.py       who stops when: a stop every group of the quorum asked for together, one only some asked for alone
     diloco.py      optim.outer=diloco: the global weights, the outer SGD on the averaged pseudo-gradients, its state
     ledger.py      which groups trained each step; what a lost group cost, into events.jsonl
-    peers.py       on SLURM (a group per array task): the lighthouse's address, the launch, whether to heal
+    peers.py       on SLURM (a group per array task): the lighthouse's address, the launch, whether to heal, a lighthouse gone
     task_end.py    on SLURM, after srun: a group whose rank died without a word is recorded and its task requeued
     liveness.py    every rank ticks in its group's store; a peer that stops ticking (frozen) ends the group
 

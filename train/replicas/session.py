@@ -34,7 +34,7 @@ from train.replicas.diloco import OuterStep
 from train.replicas.ledger import Ledger
 from train.replicas.liveness import watch_peers
 from train.replicas.manager import held_state, load_held_state, make_manager, start_barrier
-from train.replicas.peers import place_on_slurm
+from train.replicas.peers import lighthouse_gone, lighthouse_gone_error, place_on_slurm, slurm_array
 from train.replicas.stops import ALONE, TOGETHER, StopRule, kind_name
 
 # Tests set this to a directory: each rank appends "STEP DIGEST" of its weights as each step starts (_trace).
@@ -124,7 +124,12 @@ class Replicas:
     def _quorum(self, state: Any) -> bool:
         """The quorum; True: this group healed in it (took a live group's state, its counters included)."""
         before, started = self.manager.current_step(), time.monotonic()
-        self.manager.start_quorum()
+        try:
+            self.manager.start_quorum()
+        except Exception as err:
+            if slurm_array() is not None and (gone := lighthouse_gone(self.main_dir)):  # gone for good: no requeue
+                raise lighthouse_gone_error(self.main_dir, self.group, gone) from err
+            raise
         healed = self.manager.current_step() > before
         if healed and self.healed_at is None:
             self.healed_at = state.step
