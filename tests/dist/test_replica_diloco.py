@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from tests.conftest import hq, launch, read_metrics
-from tests.dist.test_replica_groups import COMMON, PATIENT, group_dir, stop_and_resume, weights
+from tests.dist.test_replica_groups import (
+    COMMON,
+    FAST,
+    PATIENT,
+    _logged_steps,
+    group_dir,
+    stop_and_resume,
+    weights,
+)
 
 pytest.importorskip("torchft")
 pytestmark = [pytest.mark.dist, pytest.mark.xdist_group("replica_groups")]
@@ -62,3 +70,38 @@ def test_a_diloco_stop_checkpoints_at_a_sync_and_resumes_exactly(run_root: Path,
     assert outer == {"global", "momentum", "syncs"}, outer  # the outer state is in the DCP checkpoint
     stop_step = int(saved.name.split("_")[1])
     assert stop_step % 5 == 0 and 5 < stop_step < steps, stop_step  # the groups agree at a sync, the next after it
+
+
+def test_a_stop_that_reaches_one_diloco_group_is_taken_alone_at_a_sync(run_root: Path, tmp_path: Path) -> None:
+    """SIGTERM to group 1 only, at step 5, under DiLoCo (H=5): the ask travels with the syncs; after its wait the
+    group checkpoints and leaves at a sync, group 0 trains every step on, and group 1, started again, heals at a
+    later sync; both end with the same weights."""
+    import json
+
+    from train.replicas.stops import ALONE_WAIT_S
+
+    steps, every = 150, 5
+    out = launch(*COMMON, *FAST, "strategy=ddp", "local.nproc=2", "parallel.replica_groups=2", "trainer.ckpt_every=0",
+                 "optim.outer=diloco", f"optim.sync_every={every}", f"trainer.max_steps={steps}",
+                 f"run.root={hq(run_root)}", "run.name=alone", SLURMTRAIN_TEST_SIGNAL="5:0:group=1:signal=TERM",
+                 SLURMTRAIN_TEST_SLOW_RANK="0:0.1")
+    assert out.returncode == 0, out.stderr[-4000:]
+    run_dir = run_root / "alone"
+    text = (group_dir(run_dir, 1) / "logs" / "rank_0.log").read_text()
+    assert "replica group 1 asked to stop (SIGTERM) at step 5; the other groups hear it with the next sync" in text
+    found = re.search(r"replica group 1 stops alone at step (\d+) \(SIGTERM reached only it: the others did not ask "
+                      r"within ([\d.]+) s\); groups \[0\] go on", text)
+    assert found, text[-3000:]
+    left, waited = int(found.group(1)), float(found.group(2))
+    assert left % every == 0 and 5 < left < steps and waited >= ALONE_WAIT_S, (left, waited)  # at a sync
+    assert (group_dir(run_dir, 1) / "checkpoints" / f"step_{left}" / "COMPLETE").is_file()
+    assert _logged_steps(run_dir, steps) == set(range(1, steps + 1))  # group 0 trained every step
+    healed = re.findall(r"healed from a live group at step (\d+)", text)
+    assert healed and int(healed[-1]) + 1 > left and (int(healed[-1]) + 1) % every == 0, healed  # at a later sync
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [(e["group"], e["step"], e["requeue"], e["groups_on"]) for e in events if e["kind"] == "replica_left"] == [
+        (1, left, False, [0])], events
+    rejoined = [e for e in events if e["kind"] == "replica_rejoined"]
+    assert len(rejoined) == 1 and rejoined[0]["lost_step"] == left + 1, events
+    final = [weights(group_dir(run_dir, g) / "checkpoints" / f"step_{steps}", tmp_path) for g in range(2)]
+    assert all(torch.equal(final[1][name], value) for name, value in final[0].items())
