@@ -1,8 +1,8 @@
 """parallel.replica_groups in the plan: what it refuses (one line each, before anything starts) and what it shows.
 
-Refused: groups that don't divide the data-parallel ranks; DeepSpeed (its engine owns the optimizer step, which the
-cross-group average and the commit vote must come before); on SLURM, groups that don't split cluster.nodes into whole
-nodes (launcher/plan/replica_slurm_plan.py); a parallel.lighthouse that does not answer. Tensor, pipeline, context and
+Refused: groups that don't divide the data-parallel ranks, or leave a group ranks that parallel.ep does not divide;
+DeepSpeed (its engine owns the optimizer step, which the cross-group average and the commit vote must come before);
+on SLURM, groups that don't split cluster.nodes into whole nodes (launcher/plan/replica_slurm_plan.py); a parallel.lighthouse that does not answer. Tensor, pipeline, context and
 expert parallelism run inside each group as without groups: the data-parallel ranks are split, so every group holds
 whole model-parallel blocks laid out alike, and rank r of each group holds the same shards (the cross-group average
 and a heal pair rank r with rank r).
@@ -88,6 +88,10 @@ def check_replica_groups(cfg: Any, dp: int) -> None:
         more = "cluster.nodes (or cluster.tasks_per_node)" if cfg.get("cluster") is not None else "local.nproc"
         raise ConfigError(f"parallel.replica_groups={groups} does not divide the {dp} data-parallel ranks: pick a "
                           f"divisor of {dp}, or set {more} to a multiple of {groups}")
+    ep, pool = int(p.get("ep", 1)), dp // groups * int(p.get("cp", 1))
+    if ep > 1 and pool % ep:  # a group takes its experts' ranks from its own data- and context-parallel ranks
+        raise ConfigError(f"parallel.ep={ep} does not divide a replica group's {pool} data-parallel ranks, which its "
+                          f"experts are split over: pick an ep that divides {pool}, or fewer parallel.replica_groups")
     if lighthouse_mode(cfg) == "given":
         check_lighthouse(str(p.lighthouse))
 
