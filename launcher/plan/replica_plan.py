@@ -2,10 +2,10 @@
 
 Refused: groups that don't divide the data-parallel ranks, or leave a group ranks that parallel.ep does not divide;
 DeepSpeed (its engine owns the optimizer step, which the cross-group average and the commit vote must come before);
-on SLURM, groups that don't split cluster.nodes into whole nodes (launcher/plan/replica_slurm_plan.py); a parallel.lighthouse that does not answer. Tensor, pipeline, context and
-expert parallelism run inside each group as without groups: the data-parallel ranks are split, so every group holds
-whole model-parallel blocks laid out alike, and rank r of each group holds the same shards (the cross-group average
-and a heal pair rank r with rank r).
+on SLURM, groups that don't split cluster.nodes into whole nodes (launcher/plan/replica_slurm_plan.py); a
+parallel.lighthouse that does not answer. Tensor, pipeline, context and expert parallelism run inside each group as
+without groups: the data-parallel ranks are split, so every group holds whole model-parallel blocks laid out alike,
+and rank r of each group holds the same shards (the cross-group average and a heal pair rank r with rank r).
 optim.outer=diloco (train/replicas/diloco.py) is refused without replica groups, and when trainer.max_steps is not a
 whole number of optim.sync_every intervals (the last steps would end unsynced, each group with its own weights).
 """
