@@ -3,11 +3,13 @@ state a healing group takes from a live one.
 
 The state sent to a healing group is every tensor this rank holds as a plain local tensor (an FSDP2 shard's local
 part, an optimizer moment's), the schedule's state and the trainer's counters; it is loaded by copying into the
-tensors in place, so that the wrapped model and its optimizer keep their own objects.
+tensors in place, so that the wrapped model and its optimizer keep their own objects. torchft's own report of a peer
+lost mid-all-reduce (an exception and its traceback on every survivor) is turned into one warning line.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -69,6 +71,32 @@ def load_held_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sc
     return dict(state["trainer"])
 
 
+class _PeerLossLine(logging.Filter):
+    """torchft logs a peer group lost inside a cross-group all-reduce as an exception with its traceback, on every
+    survivor, at every loss. Here that is expected and handled (the commit vote discards the step, which is trained
+    again), so it becomes one warning line saying so, with the error's first line and no traceback."""
+
+    MARK = "got exception waiting for work"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info and self.MARK in text:
+            prefix, _, error = text.partition(self.MARK)
+            first = error.strip().splitlines()[0] if error.strip() else "no message"
+            record.msg = (f"{prefix}a peer group was lost during this step's cross-group all-reduce ({first[:300]}): "
+                          "the step is discarded and trained again")
+            record.args, record.exc_info, record.exc_text = (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_peer_losses() -> None:
+    """Once per process: torchft's manager logger gets _PeerLossLine."""
+    logger = logging.getLogger("torchft.manager")
+    if not any(isinstance(f, _PeerLossLine) for f in logger.filters):
+        logger.addFilter(_PeerLossLine())
+
+
 def make_manager(cfg: Any, env: Any, device: torch.device, group: int,
                  load_fn: Callable[[Any], None], save_fn: Callable[[], Any]) -> tuple[Any, Any]:
     """The Manager of this rank of replica group `group`, and the store it uses when the group has one rank (held by
@@ -77,6 +105,7 @@ def make_manager(cfg: Any, env: Any, device: torch.device, group: int,
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
     except ImportError as err:
         raise ConfigError("parallel.replica_groups needs torchft: pip install -e .[ft]") from err
+    quiet_peer_losses()
     p = cfg.parallel
     timeout = timedelta(seconds=int(p.replica_timeout_s))
     store = None
