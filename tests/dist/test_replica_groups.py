@@ -209,7 +209,11 @@ def check_ledger(run_dir: Path, steps: int, groups: int, per_group: int, micro: 
     want = {x for g, gap in gaps_of.items() for s in gap for r in range(g * per_group, (g + 1) * per_group)
             for m in range(accum) for x in micro_batch_indices((s - 1) * batch, m, r, dp, micro)}
     got = {x for r in rejoined for start, end in r["missed_samples"] for x in range(start, end)}
-    assert got == want, (gaps_of, events)
+    # The first step of each run a group missed may still have been trained: its gradients can reach the others'
+    # average before one of its ranks dies in the commit (tests/slurm/test_replica_groups.py saw it once).
+    edge = {x for g, gap in gaps_of.items() for s in gap if s - 1 not in gap for r in range(g * per_group,
+            (g + 1) * per_group) for m in range(accum) for x in micro_batch_indices((s - 1) * batch, m, r, dp, micro)}
+    assert want - edge <= got <= want, (gaps_of, events)
     assert len(lost) == len(rejoined), events
     for loss, r in zip(lost, rejoined, strict=True):
         assert loss["step"] == r["lost_step"] and r["reduced_steps"] == r["rejoined_step"] - r["lost_step"], events
@@ -313,9 +317,10 @@ def test_a_stop_that_reaches_one_group_stops_it_alone_while_the_others_go_on(run
 
 
 def test_a_lighthouse_that_dies_is_started_again_and_the_run_ends_whole(run_root: Path, tmp_path: Path) -> None:
-    """torchft 0.2.0's Managers do not reach a lighthouse started again (their quorum times out): every group is
-    restarted, finds no live group ahead of it and resumes from the newest checkpoint (the steps since are trained
-    again); the run ends at max_steps with the groups equal."""
+    """torchft 0.2.0's Managers mostly do not reach a lighthouse started again (their quorum times out): every group
+    is restarted, finds no live group ahead of it and resumes from the newest checkpoint (the steps since are trained
+    again). A group whose quorum, retried, found the new one trains on, and the others heal from it. Either way the
+    run ends at max_steps with the groups equal."""
     steps = 300
     fast = [a.replace("quorum_timeout_s=30", "quorum_timeout_s=5") for a in FAST]
     proc = subprocess.Popen(
@@ -333,7 +338,10 @@ def test_a_lighthouse_that_dies_is_started_again_and_the_run_ends_whole(run_root
             proc.kill()
     assert proc.returncode == 0, err[-4000:]
     assert "died; starting it again there" in err
-    assert "from the newest checkpoint: no group is alive" in err
+    # Every group's quorum timed out and each resumed from the newest checkpoint; or (as once in the full suite) a
+    # group whose quorum was retried after the restart trained on, and the others healed from it.
+    healed = [e for e in map(json.loads, (run_dir / "events.jsonl").open()) if e["kind"] == "replica_rejoined"]
+    assert "from the newest checkpoint: no group is alive" in err or healed, err[-3000:]
     final = [weights(group_dir(run_dir, g) / "checkpoints" / f"step_{steps}", tmp_path) for g in range(2)]
     for name, value in final[0].items():
         assert torch.equal(final[1][name], value), f"{name} differs at the end; the launcher said:\n{err[-3000:]}"

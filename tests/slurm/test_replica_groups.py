@@ -145,7 +145,12 @@ def test_one_group_lost_and_healed_while_the_others_go_on(run_root: Path, tmp_pa
     want = {x for g, gap in gaps_of.items() for s in gap
             for x in range((s - 1) * batch + g * share, (s - 1) * batch + (g + 1) * share)}
     got = {x for r in rejoined for start, end in r["missed_samples"] for x in range(start, end)}
-    assert got == want, (gaps_of, events)
+    # The first step a group missed may still have been trained: its ranks' gradients can reach the others' average
+    # before one of them dies in the commit that follows (the survivors then commit with it present, and the ledger
+    # rightly does not name those samples), so only there may a missed step's samples be absent from the ledger.
+    edge = {x for g, gap in gaps_of.items() for s in gap if s - 1 not in gap
+            for x in range((s - 1) * batch + g * share, (s - 1) * batch + (g + 1) * share)}
+    assert want - edge <= got <= want, (gaps_of, events)
     assert len(lost) == len(rejoined) >= 1, events
     for loss, r in zip(lost, rejoined, strict=True):
         assert loss["step"] == r["lost_step"] and r["reduced_steps"] == r["rejoined_step"] - r["lost_step"], events
