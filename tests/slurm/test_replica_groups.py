@@ -164,6 +164,21 @@ def test_one_group_lost_and_healed_while_the_others_go_on(run_root: Path, tmp_pa
           f"{ {g: len(v) for g, v in gaps_of.items()} }; {time.monotonic() - began:.0f} s")
 
 
+def _submit(*args: str) -> tuple[str, str]:
+    """`python -m launcher ARGS` for 2 replica groups with the lighthouse's own job: (the array's id, that job's)."""
+    out = launch(*args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    array = re.search(r"submitted array (\d+): 2 replica groups", out.stdout).group(1)  # type: ignore[union-attr]
+    beacon = re.search(r"lighthouse: +job (\d+)", out.stdout).group(1)  # type: ignore[union-attr]
+    return array, beacon
+
+
+def _ended(jobs: list[str]) -> None:
+    for job in jobs:
+        poll(lambda job=job: sacct_state(job).startswith(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")), 300,
+             f"job {job} to end")
+
+
 def test_a_preempted_array_resumes_from_its_checkpoints_with_the_lighthouse_job(run_root: Path,
                                                                              tmp_path: Path) -> None:
     """The default lighthouse, a job of its own, and a preemption of the whole array (issue 47 item 2's last point):
@@ -171,13 +186,11 @@ def test_a_preempted_array_resumes_from_its_checkpoints_with_the_lighthouse_job(
     one step and requeue themselves; started again they find no live group, resume from that checkpoint together and
     end equal. The lighthouse's job outlives the requeue and ends once the array has."""
     steps = 60
-    out = launch("+cluster=local_slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "parallel.replica_groups=2",
-                 "strategy=ddp", f"trainer.max_steps={steps}", "trainer.log_every=1", "trainer.ckpt_every=0",
-                 "logger.backend=none", "checkpoint.verify_early=false", "parallel.replica_heartbeat_timeout_ms=1500",
-                 "parallel.replica_join_timeout_ms=60000", f"run.root={hq(run_root)}", "run.name=beacon_job")
-    assert out.returncode == 0, out.stderr[-3000:]
-    array = re.search(r"submitted array (\d+): 2 replica groups", out.stdout).group(1)  # type: ignore[union-attr]
-    beacon = re.search(r"lighthouse: +job (\d+)", out.stdout).group(1)  # type: ignore[union-attr]
+    array, beacon = _submit(
+        "+cluster=local_slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "parallel.replica_groups=2",
+        "strategy=ddp", f"trainer.max_steps={steps}", "trainer.log_every=1", "trainer.ckpt_every=0",
+        "logger.backend=none", "checkpoint.verify_early=false", "parallel.replica_heartbeat_timeout_ms=1500",
+        "parallel.replica_join_timeout_ms=60000", f"run.root={hq(run_root)}", "run.name=beacon_job")
     run_dir = run_root / "beacon_job"
     tasks = [f"{array}_0", f"{array}_1"]
     try:
@@ -185,9 +198,7 @@ def test_a_preempted_array_resumes_from_its_checkpoints_with_the_lighthouse_job(
         subprocess.run(["scancel", "--signal=USR1", "--full", array], check=True)
         for task in tasks:
             _release(task)
-        for task in [*tasks, beacon]:
-            poll(lambda task=task: sacct_state(task).startswith(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")), 300,
-                 f"job {task} to end")
+        _ended([*tasks, beacon])
     finally:
         subprocess.run(["scancel", array, beacon], capture_output=True)
     assert [sacct_state(t) for t in [*tasks, beacon]] == ["COMPLETED"] * 3
@@ -222,18 +233,13 @@ def test_a_lighthouse_whose_job_ends_ends_the_run_in_one_line_and_the_same_comma
             "logger.backend=none", "checkpoint.verify_early=false", "parallel.replica_heartbeat_timeout_ms=1500",
             "parallel.replica_join_timeout_ms=60000", "parallel.replica_quorum_timeout_s=15",
             f"run.root={hq(run_root)}", "run.name=gone"]
-    out = launch(*args)
-    assert out.returncode == 0, out.stderr[-3000:]
-    array = re.search(r"submitted array (\d+): 2 replica groups", out.stdout).group(1)  # type: ignore[union-attr]
-    beacon = re.search(r"lighthouse: +job (\d+)", out.stdout).group(1)  # type: ignore[union-attr]
+    array, beacon = _submit(*args)
     run_dir = run_root / "gone"
     tasks = [f"{array}_0", f"{array}_1"]
     try:
         poll(lambda: (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 15, 300, "step 15")
         subprocess.run(["scancel", beacon], check=True)
-        for task in tasks:
-            poll(lambda task=task: sacct_state(task).startswith(("COMPLETED", "FAILED", "CANCELLED")), 300,
-                 f"task {task} to end")
+        _ended(tasks)
     finally:
         subprocess.run(["scancel", array], capture_output=True)
     for g, task in enumerate(tasks):
@@ -248,14 +254,9 @@ def test_a_lighthouse_whose_job_ends_ends_the_run_in_one_line_and_the_same_comma
         assert line.startswith("error: the lighthouse of the replica groups at ") and "\n" not in line, line
         assert f"is gone (its job {beacon} has ended)" in line and "run the same command: it resumes" in line, line
         assert line in _log(run_dir, array, g)
-    again = launch(*args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    second = re.search(r"submitted array (\d+): 2 replica groups", again.stdout).group(1)  # type: ignore[union-attr]
-    beacon2 = re.search(r"lighthouse: +job (\d+)", again.stdout).group(1)  # type: ignore[union-attr]
+    second, beacon2 = _submit(*args)
     try:
-        for task in (f"{second}_0", f"{second}_1"):
-            poll(lambda task=task: sacct_state(task).startswith(("COMPLETED", "FAILED", "CANCELLED")), 300,
-                 f"task {task} to end")
+        _ended([f"{second}_0", f"{second}_1"])
     finally:
         subprocess.run(["scancel", second, beacon2], capture_output=True)
     assert [sacct_state(f"{second}_{g}") for g in range(2)] == ["COMPLETED"] * 2
