@@ -24,8 +24,10 @@ pytestmark = [pytest.mark.dist, pytest.mark.xdist_group("replica_groups")]
 # Short lighthouse timeouts: a lost group leaves the quorum within ~1.5 s.
 FAST = ["parallel.replica_heartbeat_timeout_ms=1500", "parallel.replica_join_timeout_ms=5000",
         "parallel.replica_timeout_s=10", "parallel.replica_quorum_timeout_s=30"]
-# No group is lost: a quorum may wait long for a group slow to start (this machine's 2 cores), never leaving it out.
-PATIENT = [a.replace("join_timeout_ms=5000", "join_timeout_ms=60000") for a in FAST]
+# No group is lost: a quorum may wait long for a group slow to start (this machine's 2 cores), never leaving it out,
+# nor one whose heartbeat a loaded host delayed past 1.5 s.
+PATIENT = [a.replace("join_timeout_ms=5000", "join_timeout_ms=60000").replace("heartbeat_timeout_ms=1500",
+                                                                              "heartbeat_timeout_ms=5000") for a in FAST]
 COMMON = ["trainer.log_every=1", "logger.backend=none", "trainer.cpu_threads=1"]
 
 

@@ -97,6 +97,22 @@ def quiet_peer_losses() -> None:
         logger.addFilter(_PeerLossLine())
 
 
+def lighthouse_address(cfg: Any) -> str | None:
+    """The run's lighthouse: the one the launcher started (its environment) or parallel.lighthouse."""
+    return os.environ.get(contract.LIGHTHOUSE_ENV) or getattr(cfg.parallel, "lighthouse", None)
+
+
+def heal_patience_s(parallel: Any) -> tuple[float, float]:
+    """How long a group started to heal asks the lighthouse again for a live group ahead of it (session.py), and the
+    pause between asks: as long as a live group can be kept from a quorum. It may be held in the commit vote of a step
+    with the lost group (VOTE_TIMEOUTS collective timeouts), then wait out the join timeout, its heartbeat a timeout
+    late. The pause is half a heartbeat timeout: a live group that asks meanwhile waits for this one at the
+    lighthouse (this group heartbeats and the last quorum was its own), and gets it at the next ask."""
+    heartbeat = float(parallel.replica_heartbeat_timeout_ms) / 1000
+    patience = VOTE_TIMEOUTS * float(parallel.replica_timeout_s) + float(parallel.replica_join_timeout_ms) / 1000
+    return patience + heartbeat, min(1.0, heartbeat / 2)
+
+
 def make_manager(cfg: Any, env: Any, device: torch.device, group: int,
                  load_fn: Callable[[Any], None], save_fn: Callable[[], Any]) -> tuple[Any, Any]:
     """The Manager of this rank of replica group `group`, and the store it uses when the group has one rank (held by
@@ -115,7 +131,7 @@ def make_manager(cfg: Any, env: Any, device: torch.device, group: int,
     else:
         addr, port = env.master_addr, int(env.master_port)
     pg = ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
-    lighthouse = os.environ.get(contract.LIGHTHOUSE_ENV) or p.lighthouse
+    lighthouse = lighthouse_address(cfg)
     # The commit vote waits for every rank of the group, and they reach it up to a collective's timeout apart: one
     # whose all-reduce failed at once (a lost peer's socket closed) and one that waited the timeout out (a peer that
     # never answers, a frozen rank, a group stuck in its own collective). With torchft's one timeout for both, the
@@ -138,19 +154,24 @@ def make_manager(cfg: Any, env: Any, device: torch.device, group: int,
     return manager, store
 
 
-def start_barrier(run_dir: Path, launch: str, group: int, groups: int, timeout_s: float, is_main: bool) -> None:
+def start_barrier(run_dir: Path, launch: str, group: int, groups: int, timeout_s: float, is_main: bool,
+                  lighthouse: str | None = None) -> None:
     """Every rank, once its Manager exists (rank 0's heartbeats): wait until every group's rank 0 is there, so that
     the first quorum holds them all (one formed without a group that is still starting would make it heal at once,
-    and the run would differ from a plain one). The other ranks wait too: their first quorum call, timed from its
-    start, would otherwise run out while rank 0 waits here."""
+    and the run would differ from a plain one). A group is there once the lighthouse hears its heartbeat (the
+    Manager's first one follows its construction by a moment: a group whose ready file came first was once left out
+    of a loaded host's first quorum). The other ranks wait too: their first quorum call, timed from its start,
+    would otherwise run out while rank 0 waits here."""
     mine, waiting = contract.ready_file(run_dir, launch, group), waiting_file(run_dir, group)
-    if is_main:
-        for path in (mine, waiting):  # waiting: a group started again meanwhile resumes with it, not heals from it
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch()
     found = slurm_array()
     resuming = found is not None and found[1] > 0  # a SLURM task started again: go on without the late ones
     deadline = time.monotonic() + (min(timeout_s, RESUME_WAIT_S) if resuming else timeout_s)
+    if is_main:
+        waiting.parent.mkdir(parents=True, exist_ok=True)
+        waiting.touch()  # a group started again meanwhile resumes with it, not heals from it
+        _heard(lighthouse, group, deadline)
+        mine.parent.mkdir(parents=True, exist_ok=True)
+        mine.touch()
     try:
         while not all(contract.ready_file(run_dir, launch, g).exists() for g in range(groups)):
             if time.monotonic() > deadline:
@@ -164,3 +185,13 @@ def start_barrier(run_dir: Path, launch: str, group: int, groups: int, timeout_s
     finally:
         if is_main:
             waiting.unlink(missing_ok=True)
+
+
+def _heard(lighthouse: str | None, group: int, deadline: float) -> None:
+    """Until the lighthouse lists this group's heartbeat (or it cannot be asked, or the deadline passes: the
+    barrier's own wait then says what is missing)."""
+    while lighthouse and time.monotonic() < deadline:
+        live = contract.live_groups(lighthouse, timeout_s=2.0)
+        if live is None or group in live:
+            return
+        time.sleep(0.05)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from dataclasses import fields, replace
@@ -33,7 +34,14 @@ from train.replicas.averaging import CrossGroupAverage
 from train.replicas.diloco import OuterStep
 from train.replicas.ledger import Ledger
 from train.replicas.liveness import watch_peers
-from train.replicas.manager import held_state, load_held_state, make_manager, start_barrier
+from train.replicas.manager import (
+    heal_patience_s,
+    held_state,
+    lighthouse_address,
+    load_held_state,
+    make_manager,
+    start_barrier,
+)
 from train.replicas.peers import lighthouse_gone, lighthouse_gone_error, place_on_slurm, slurm_array
 from train.replicas.stops import ALONE, TOGETHER, StopRule, kind_name
 
@@ -89,7 +97,7 @@ class Replicas:
                 ready.touch()
         else:
             start_barrier(self.main_dir, os.environ.get(contract.LAUNCH_ENV, "local"), self.group, self.groups,
-                          float(self.cfg.watchdog.startup_timeout_s), self.env.is_main)
+                          float(self.cfg.watchdog.startup_timeout_s), self.env.is_main, lighthouse_address(self.cfg))
         self.average_ = CrossGroupAverage(self.manager, self.group, self.groups)
 
     # -- the Manager's state callbacks (run inside its quorum, while the main thread waits in start_quorum) --------
@@ -124,26 +132,64 @@ class Replicas:
     def _quorum(self, state: Any) -> bool:
         """The quorum; True: this group healed in it (took a live group's state, its counters included)."""
         before, started = self.manager.current_step(), time.monotonic()
-        try:
-            self.manager.start_quorum()
-        except Exception as err:
-            if slurm_array() is not None and (gone := lighthouse_gone(self.main_dir)):  # gone for good: no requeue
-                raise lighthouse_gone_error(self.main_dir, self.group, gone) from err
-            raise
+        self._start_quorum()
+        if self.heals and self.healed_at is None:
+            self._await_live_group()
         healed = self.manager.current_step() > before
         if healed and self.healed_at is None:
             self.healed_at = state.step
             if self.env.is_main:
                 log.info("healed from a live group at step %d in %.2f s (no checkpoint read)", state.step,
                          time.monotonic() - started)
-        elif self.heals and self.healed_at is None and self.manager.current_step() == 0:
-            if self.env.is_main:
-                log.error("replica group %d was started to heal but no live group is ahead of it: exiting so "
-                          "that it starts from the checkpoint instead", self.group)
-            raise SystemExit(contract.EXIT_NO_PEER)
         if self.healed_at is None:
             self.healed_at = -1  # the first quorum is done: a later catch-up is a heal too, logged by torchft
         return healed
+
+    def _start_quorum(self) -> None:
+        try:
+            self.manager.start_quorum()
+        except Exception as err:
+            if slurm_array() is not None and (gone := lighthouse_gone(self.main_dir)):  # gone for good: no requeue
+                raise lighthouse_gone_error(self.main_dir, self.group, gone) from err
+            raise
+
+    def _await_live_group(self) -> None:
+        """A group started to heal whose quorum holds no group ahead of it asks again: a live group can be kept out
+        of a quorum for a while (held in a collective with the lost group until its timeout, or its heartbeat late on
+        a loaded host), and the lighthouse then gives this group a quorum of its own after the join timeout. Only
+        when none has come within heal_patience_s does it exit EXIT_NO_PEER, to start from the checkpoint. Counted
+        in tries, not time, so that every rank of the group (each sees the same quorums) decides alike."""
+        if self.manager.current_step() > 0:
+            return
+        patience, pause = heal_patience_s(self.cfg.parallel)
+        if self.env.is_main:
+            log.info("replica group %d was started to heal but its quorum holds no live group ahead of it yet: asking "
+                     "again for up to %.0f s", self.group, patience)
+        agree, alone = cpu_group(), 0
+        for _ in range(math.ceil(patience / pause)):
+            time.sleep(pause)
+            self._start_quorum()
+            if self.manager.current_step() > 0:
+                return
+            alone = alone + 1 if self._no_other_group(agree, pause) else 0
+            if alone == 2:  # twice in a row, a pause apart: they finished the run, or were lost too
+                break
+        if self.env.is_main:
+            why = ("no other group heartbeats to the lighthouse" if alone == 2 else
+                   f"no live group is ahead of it after {patience:.0f} s")
+            log.error("replica group %d was started to heal but %s: exiting so that it starts from the checkpoint "
+                      "instead", self.group, why)
+        raise SystemExit(contract.EXIT_NO_PEER)
+
+    def _no_other_group(self, agree: Any, timeout_s: float) -> bool:
+        """Rank 0 asks the lighthouse whether any other group heartbeats; every rank of the group gets its answer
+        (unasked or unanswered: as if one did)."""
+        address = lighthouse_address(self.cfg)
+        none = 0
+        if self.env.is_main and address:
+            live = contract.live_groups(str(address), timeout_s=timeout_s)
+            none = int(live is not None and not live - {self.group})
+        return bool(all_reduce_max_each([none], agree)[0])
 
     def _trace(self, step: int) -> None:
         """Tests: a digest of this rank's weights as each step starts (after its quorum, a heal included)."""
