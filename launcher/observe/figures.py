@@ -208,8 +208,16 @@ def line_figure(series: list[Series], ylabel: str, title: str, runs: list[RunRef
     if runs:
         mark_attempts(ax, runs)
     ax.set(xlabel="step", ylabel=ylabel, title=title)
+    whole_steps(ax)
     legend_above(fig, ax.get_legend_handles_labels()[0])
     return fig
+
+
+def whole_steps(ax: Any) -> None:
+    """Steps are whole: no 2.5, 7.5 ... ticks on a short run's step axis."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def training_figure(runs: list[RunRef], title: str, smoothing: float = SMOOTHING) -> Figure:
@@ -234,6 +242,7 @@ def training_figure(runs: list[RunRef], title: str, smoothing: float = SMOOTHING
         mark_attempts(ax, runs, label=ax is axes[-1])  # where an attempt stopped and the next resumed
     axes[0].set_title(title, pad=10)  # clear of the marks on the top edge
     axes[-1].set_xlabel("step")
+    whole_steps(axes[-1])
     if axes[0].get_lines():
         legend_above(fig, axes[0].get_legend_handles_labels()[0] + set_handles)
         for handle in fig.legends[0].legend_handles:  # a run's colour at full strength, as its smoothed line

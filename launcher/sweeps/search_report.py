@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,9 @@ def search_figure(s: Summary, name: str) -> Figure:
         ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(1.5, 4.0, 6.0, 7.0, 8.0, 9.0)))
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.yaxis.set_minor_formatter(FormatStrFormatter(""))
-    # Otherwise a linear axis: its ticks (2.20, 2.25, ... or 1.06, 1.08, ...) are read as they are.
+    else:  # a linear axis: its ticks (2.20, 2.25, ... or 1.06, 1.08, ...) read as they are, never as an offset
+        # ("1e-6+5.5491" over ticks 80-85, when every value lay within 5e-6 of the others)
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
     ax.legend(fontsize=7, ncol=2)
     best: list[float] = []
     numbers = []
@@ -60,15 +63,27 @@ def search_figure(s: Summary, name: str) -> Figure:
             continue
         best.append(cand)
         numbers.append(r.number)
-    ax_best.step(numbers, best, where="post", marker="o")
-    if not best:  # an empty panel read as a drawing fault
-        ax_best.text(0.5, 0.5, "no trial complete yet", ha="center", va="center", transform=ax_best.transAxes)
-    ax_best.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole: no half-trial ticks
+    if best:
+        ax_best.step(numbers, best, where="post", marker="o")
+        ax_best.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole: no half-trial ticks
+    else:  # an empty panel read as a drawing fault; and its axes, with no data, ticked -0.04 ... 0.04 "trials"
+        ax_best.text(0.5, 0.5, _why_empty(s), ha="center", va="center", wrap=True, transform=ax_best.transAxes)
+        ax_best.set_xticks([])
+        ax_best.set_yticks([])
     ax_best.set_xlabel("trial")
     ax_best.set_ylabel(f"best {s.metric} so far")
     ax_best.set_title("best so far")
     fig.tight_layout()
     return fig
+
+
+def _why_empty(s: Summary) -> str:
+    """The best-so-far panel's note while it has nothing to draw: the search goes on, or how its trials ended."""
+    counts = Counter(r.state for r in s.trials)
+    if not s.trials or set(counts) - {"complete", "pruned", "failed"}:
+        return "no trial complete yet"
+    ended = ", ".join(f"{n} {state}" for state, n in counts.items())
+    return f"no trial completed with a finite {s.metric}\n({ended}): no best"
 
 
 def write_report(sweep_dir: Path) -> list[Path]:

@@ -60,6 +60,11 @@ class Summary:
     gpu_hours_to_end: float  # had every trial so far run to its last step
     steps: int
     steps_to_end: int
+    # The trials of search.n_trials not started yet (a stopped or cancelled search owes them; the same search
+    # command runs them), and the GPU-hours and steps with them too, each at the started trials' mean.
+    not_started: int = 0
+    gpu_hours_all: float = 0.0
+    steps_all: int = 0
 
 
 def collect(sweep_dir: Path) -> Summary:
@@ -94,8 +99,12 @@ def collect(sweep_dir: Path) -> Summary:
     paces = [r.step_s for r in rows if r.step_s is not None]
     pace = statistics.median(paces) if paces else None
     to_end = sum(r.gpu_hours_to_end(pace) for r in rows)
+    steps_to_end = sum(r.max_steps for r in rows)
+    owed = max(spec.n_trials - len(rows), 0)
+    per_trial = to_end / len(rows) if rows else 0.0
     return Summary(rows, best, spec.metric, spec.higher_is_better, spec.n_trials, used, to_end,
-                   sum(r.steps for r in rows), sum(r.max_steps for r in rows))
+                   sum(r.steps for r in rows), steps_to_end, owed, to_end + owed * per_trial,
+                   steps_to_end + owed * spec.max_steps)
 
 
 def _fmt(value: Any) -> str:
@@ -132,13 +141,18 @@ def print_status(sweep_dir: Path, as_json: bool = False) -> None:
         print(f"best so far: none: {no_best(s)}")
     print(f"GPU-hours used {s.gpu_hours:.4g} of {s.gpu_hours_to_end:.4g} had every trial run to the end; steps "
           f"{s.steps} of {s.steps_to_end}")
+    if s.not_started:
+        about = f" (about {s.gpu_hours_all:.4g} GPU-hours and {s.steps_all} steps with them)" if s.trials else ""
+        print(f"{s.not_started} of the search's {s.n_trials} trials not started yet{about}: the same search command "
+              "runs them")
 
 
 def total(s: Summary) -> dict[str, Any]:
     """The trials together: how many in each state, the GPU-hours and steps used and had every trial run to the end."""
     return {"trials": len(s.trials), "n_trials": s.n_trials, "states": dict(Counter(r.state for r in s.trials)),
             "gpu_hours": s.gpu_hours, "gpu_hours_to_end": s.gpu_hours_to_end, "steps": s.steps,
-            "steps_to_end": s.steps_to_end}
+            "steps_to_end": s.steps_to_end, "not_started": s.not_started, "gpu_hours_all_trials": s.gpu_hours_all,
+            "steps_all_trials": s.steps_all}
 
 
 def no_best(s: Summary) -> str:

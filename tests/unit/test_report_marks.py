@@ -63,3 +63,14 @@ def test_a_resume_at_its_stops_step_is_named_once_with_it(tmp_path: Path) -> Non
     # The training figure names the marks on its last panel only.
     labels = [t.get_text() for ax in axes for t in ax.texts if (t.get_gid() or "").endswith("-label")]
     assert labels == ["stopped and resumed 30"], labels
+
+
+def test_a_short_runs_step_axis_is_ticked_in_whole_steps() -> None:
+    """The re-trial of issue 48: moe_load.png of a 20-step run ticked its step axis 2.5, 7.5, 12.5, 17.5."""
+    line = figures.Series("layer 0", list(range(1, 21)), [1.0 + 0.01 * k for k in range(20)])
+    fig = figures.line_figure([line], "expert load max/mean, by layer", "t")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    low, high = ax.get_xlim()
+    ticks = [t for t in ax.get_xticks() if low <= t <= high]
+    assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), ticks

@@ -166,3 +166,42 @@ def test_search_png_labels_its_axes_as_plain_numbers(values: list[float]) -> Non
     ax_best.set_xlim(-0.5, 2.5)
     fig.canvas.draw()
     assert all(float(t).is_integer() for t in _labels(ax_best.xaxis)), _labels(ax_best.xaxis)
+
+
+def test_status_counts_the_trials_not_started_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The new-user re-trial: a search of 3 trials cancelled after its first said '1 of 3 trials' and 'GPU-hours used
+    0.0066 of 0.0066 had every trial run to the end; steps 150 of 150', silent on the two it still owed."""
+    from launcher.sweeps.search_status import collect, print_status
+
+    spec = lr_search(tmp_path, n_trials=3, ranks=2)
+    add_trial(tmp_path, spec, TrialState.COMPLETE, seconds=36.0, steps=400, step_s=0.09)
+    summary = collect(tmp_path)
+    assert summary.not_started == 2 and summary.steps_all == 3 * 400
+    assert summary.gpu_hours_all == pytest.approx(3 * 36.0 * 2 / 3600)
+    print_status(tmp_path)
+    out = capsys.readouterr().out
+    assert "steps 400 of 400" in out
+    assert "2 of the search's 3 trials not started yet (about 0.06 GPU-hours and 1200 steps with them): the same " \
+           "search command runs them" in out
+    print_status(tmp_path, as_json=True)
+    total = json.loads(capsys.readouterr().out)["total"]
+    assert total["not_started"] == 2 and total["steps_all_trials"] == 1200
+
+
+def test_search_png_of_a_search_with_no_best_says_why_and_draws_no_ticks(tmp_path: Path) -> None:
+    """The re-trial: every trial pruned, the empty panel said 'no trial complete yet' over ticks -0.045 ... 0.045, and
+    the left panel's values, within 5e-6 of each other, read as ticks 80-85 under an offset '1e-6+5.5491'."""
+    from launcher.sweeps.search_report import search_figure
+    from launcher.sweeps.search_status import Summary, TrialRow
+
+    values = [5.549181, 5.549183, 5.549184]
+    trials = [TrialRow(number=i, params={}, state="pruned", value=v, steps=20, max_steps=100, seconds=1.0, ranks=1,
+                       run_dir="", values={0: v + 1e-6, 20: v}) for i, v in enumerate(values)]
+    fig = search_figure(Summary(trials, None, "val/val/loss", False, 3, 0.0, 0.0, 0, 0), "s")
+    fig.canvas.draw()
+    ax, ax_best = fig.axes
+    assert ax.yaxis.get_offset_text().get_text() == ""
+    assert all(5.5 < float(t.replace("\u2212", "-")) < 5.6 for t in _labels(ax.yaxis)), _labels(ax.yaxis)
+    note = " ".join(t.get_text() for t in ax_best.texts)
+    assert "no trial completed with a finite val/val/loss" in note and "3 pruned" in note, note
+    assert _labels(ax_best.xaxis) == [] and _labels(ax_best.yaxis) == []

@@ -171,7 +171,8 @@ def _model_differences(src: InitSource, model_cfg: Any) -> list[str]:
 def fix_for(src: InitSource, model_cfg: Any) -> str:
     """How to make the weights and the model agree, as specific as the source allows."""
     if src.key == RESUME_KEY:  # the run's code changed since the checkpoint was written (launcher/plan/code_change.py)
-        return ("the code changed since it was written builds another model: resume with the code that trained it, "
+        return ("the code has changed since the checkpoint was written and builds another model: resume with the code "
+                "that trained it, "
                 "or start a new run (another run.name; model.init_from=RUN/checkpoints/step_N starts from its "
                 "weights if they fit)")
     if src.key != KEY:  # a run's own checkpoint, built from its own config: the model's code changed since

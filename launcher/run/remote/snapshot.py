@@ -108,7 +108,7 @@ def _git_top(project: Path) -> Path | None:
 def copy_line(name: str, host: str, snap: Snapshot, copied: bool) -> str:
     """What a launch says of its snapshot: copied or already there, the secrets withheld, and, from a directory
     below a git work tree's top, that only it is shipped."""
-    what = (f"copied to {host} ({len(snap.files)} files, {size_text(snap.size)})" if copied
+    what = (f"copied to {host} ({len(snap.files)} file{'' if len(snap.files) == 1 else 's'}, {size_text(snap.size)})" if copied
             else f"already on {host}, not copied")
     line = f"remote {name}: snapshot {snap.id}{_commit_text(snap.git)} {what}"
     if snap.withheld:
