@@ -80,7 +80,7 @@ def pruner(spec: SearchSpec) -> Any:
     else:
         inner = optuna.pruners.HyperbandPruner(min_resource=first, max_resource=int(p["max_resource"]),
                                                reduction_factor=int(p["reduction_factor"]))
-    return StalledPruner(inner, first, float(p.get("min_improvement", 0.0)))
+    return StalledPruner(inner, first, float(p.get("min_improvement", 0.0)), name)
 
 
 def _stalled_class() -> type:
@@ -93,8 +93,8 @@ def _stalled_class() -> type:
         trial to reach a rung unconditionally (it cannot suspend it, as ASHA would): without this rule a hopeless
         first trial would run to the end."""
 
-        def __init__(self, inner: Any, first: int, min_improvement: float) -> None:
-            self.inner, self.first, self.min_improvement = inner, first, min_improvement
+        def __init__(self, inner: Any, first: int, min_improvement: float, name: str) -> None:
+            self.inner, self.first, self.min_improvement, self.name = inner, first, min_improvement, name
             self.rule = ""  # which rule pruned, after prune() said True: the pruned event and log line name it
 
         def prune(self, study: Any, trial: Any) -> bool:
@@ -113,14 +113,15 @@ def _stalled_class() -> type:
                     self.rule = (f"not {self.min_improvement:.0%} better than its step-0 value {start:.4g} "
                                  "(search.min_improvement)")
                     return True
-            self.rule = f"{type(self.inner).__name__.removesuffix('Pruner').lower()} pruner"
+            # the user's name for it (asha is Optuna's SuccessiveHalvingPruner)
+            self.rule = f"search.pruner={self.name} (Optuna's {type(self.inner).__name__})"
             return bool(self.inner.prune(study, trial))
 
     return Stalled
 
 
-def StalledPruner(inner: Any, first: int, min_improvement: float) -> Any:  # noqa: N802 - a class, built lazily
-    return _stalled_class()(inner, first, min_improvement)
+def StalledPruner(inner: Any, first: int, min_improvement: float, name: str) -> Any:  # noqa: N802 - a class, built lazily
+    return _stalled_class()(inner, first, min_improvement, name)
 
 
 def direction(spec: SearchSpec) -> Literal["minimize", "maximize"]:

@@ -194,7 +194,11 @@ def one_line(text: str) -> str:
         if plus:
             return plus
         added = "" if group in default_choices() or "/" in group else "+"  # cluster, profile: added with a +
-        return f"error: Could not find '{missing.group(1)}': choose {added}{group}= one of {', '.join(options)}"
+        given = missing.group(1).rsplit("/", 1)[-1]
+        close = next(iter(difflib.get_close_matches(given, options, n=1, cutoff=0.6)), None)
+        meant = f"did you mean {added}{group}={close}? " if close else ""
+        return (f"error: Could not find '{missing.group(1)}': {meant}choose {added}{group}= one of "
+                f"{', '.join(options)}")
     if lines[0].startswith("Additional config directory"):
         return f"error: {lines[0]}: point --config-dir at your project's conf directory"
     merging = re.match(r"Error merging override (.+)", lines[0])

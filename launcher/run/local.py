@@ -187,8 +187,10 @@ class WorkerGroup:
             return
         self.stop_asked = now
         if say:
-            print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop "
-                  "(Ctrl-C again to stop them now, losing the steps since the last checkpoint)", file=sys.stderr)
+            again = (" (Ctrl-C again to stop them now, losing the steps since the last checkpoint)"
+                     if signum == signal.SIGINT else "")  # a SIGTERM (scancel, a batch shell) has no Ctrl-C to press
+            print(f"launcher: got {signal.Signals(signum).name}, asking workers to checkpoint and stop{again}",
+                  file=sys.stderr)
         self.signal_all(signal.SIGUSR1)
 
     def settled(self) -> bool:

@@ -61,7 +61,7 @@ def test_lr_search_prunes_hopeless_trials_at_the_first_rung(run_root: Path) -> N
             assert t.state.name == "PRUNED" and steps[t.number] == EVERY < STEPS / 3, (lr, t.state, steps[t.number])
             pruned = read_events(Path(t.user_attrs["run_dir"]))[-1]
             assert pruned["kind"] == "pruned" and pruned["rule"], pruned  # which rule pruned it, said
-            assert pruned["rule"] in ("its metric is NaN", "successivehalving pruner") or \
+            assert pruned["rule"] in ("its metric is NaN", "search.pruner=asha (Optuna's SuccessiveHalvingPruner)") or \
                 pruned["rule"].startswith("not 1% better than its step-0 value"), pruned
     best = min((t for t in ts if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert steps[best.number] == STEPS

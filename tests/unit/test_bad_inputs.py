@@ -88,6 +88,7 @@ CASES = [
                                                    "write data.seq_len=100"),
     Case("int-fraction", ("trainer.max_steps=2.5",), "trainer.max_steps takes an integer: give a whole number (2 or 3)"),
     Case("group-choice", ("strategy=nope",), "choose strategy= one of auto, ddp"),
+    Case("group-choice-typo", ("model=moe_tyni",), "did you mean model=moe_tiny? choose model= one of"),
     Case("grammar", ("model.d_model=[1",), "write overrides as key=value"),
     Case("section-removed", ("~model",), "model is required and was removed (~model): choose one with model=NAME"),
     Case("seq-len-context", ("data.seq_len=128",), "set data.seq_len<=64"),

@@ -365,3 +365,20 @@ def test_a_local_search_with_no_complete_trial_exits_1_saying_so(tmp_path: Path,
     trial = study.ask(distributions(spec))
     study.tell(trial.number, 2.5)
     assert ended_without_best(tmp_path) == 0
+
+
+def test_a_pruned_trial_names_the_pruner_the_user_chose() -> None:
+    """The re-trial of issue 48: under search.pruner=asha the pruned line said 'successivehalving pruner'."""
+    from types import SimpleNamespace
+
+    from contract.search.optuna_objects import StalledPruner
+
+    class Always:  # Optuna's pruner, as the wrapper sees it
+        def prune(self, study: object, trial: object) -> bool:
+            return True
+
+    Always.__name__ = "SuccessiveHalvingPruner"
+    stalled = StalledPruner(Always(), 10, 0.01, "asha")
+    trial = SimpleNamespace(last_step=10, intermediate_values={0: 5.0, 10: 2.0})  # 60% better: not the step-0 rule
+    assert stalled.prune(SimpleNamespace(direction=None), trial) is True
+    assert stalled.rule == "search.pruner=asha (Optuna's SuccessiveHalvingPruner)"

@@ -57,8 +57,7 @@ class TrialReporter:
 
     def pruned_outcome(self, step: int) -> StopOutcome:
         if self.env.is_main:
-            log.info("trial %d pruned at step %d (%s %s): the search's pruner stopped it%s", self.number, step,
-                     self.metric, "-" if self.value is None else f"{self.value:.4f}",
-                     f": {self.rule}" if self.rule else "")
+            log.info("trial %d pruned at step %d (%s %s)%s", self.number, step, self.metric,
+                     "-" if self.value is None else f"{self.value:.4f}", f": {self.rule}" if self.rule else "")
         return StopOutcome(0, None, kind="pruned", details={"trial": self.number, "metric": self.metric,
                                                             "value": self.value, "rule": self.rule})
