@@ -59,7 +59,13 @@ class Fit:
         if cap.bytes is None:
             return f"memory per rank: {self.estimate.breakdown()} ({cap.what})"
         verdict = "fits" if self.fits else "DOES NOT FIT"
-        return f"memory per rank: {self.estimate.breakdown()} of {cap.bytes / GB:.1f} GB ({cap.what}): {verdict}"
+        return f"memory per rank: {self.estimate.breakdown()} of {gb(cap.bytes)} GB ({cap.what}): {verdict}"
+
+
+def gb(n: float) -> str:
+    """Bytes in GB, to a tenth; a figure under 0.1 GB to two significant digits (not '0.0 GB')."""
+    value = n / GB
+    return f"{value:.2g}" if 0 < value < 0.1 else f"{value:.1f}"
 
 
 def fits(est: MemoryEstimate, cap: Capacity) -> bool:
@@ -74,10 +80,10 @@ def _on_device(est: MemoryEstimate, cap: Capacity) -> float:
 def shortfall(est: MemoryEstimate, cap: Capacity) -> str:
     if cap.bytes is not None and _on_device(est, cap) > cap.bytes:
         if cap.shared_host and est.host:
-            return (f"{_on_device(est, cap) / GB:.1f} GB per rank (with what offloading keeps in the same host "
-                    f"memory) > {cap.bytes / GB:.1f} GB")
-        return f"{est.total / GB:.1f} GB per rank > {cap.bytes / GB:.1f} GB"
-    return f"{est.host / GB:.1f} GB of host memory per rank > {(cap.host_bytes or 0) / GB:.1f} GB"
+            return (f"{gb(_on_device(est, cap))} GB per rank (with what offloading keeps in the same host "
+                    f"memory) > {gb(cap.bytes)} GB")
+        return f"{gb(est.total)} GB per rank > {gb(cap.bytes)} GB"
+    return f"{gb(est.host)} GB of host memory per rank > {gb(cap.host_bytes or 0)} GB"
 
 
 def host_available_bytes() -> float:
@@ -237,7 +243,7 @@ def _more_nodes_advice(cfg: DictConfig, world: int, nodes: int, shape: ModelShap
     if cfg.cluster is not None:
         option, _ = search(cfg, world, nodes, shape, cap, has_gpus, node_steps=(2, 4, 8, 16, 32))
         if option is not None:
-            return f"use {option.overrides(cfg)} ({_on_device(option.estimate, cap) / GB:.1f} GB per rank)"
+            return f"use {option.overrides(cfg)} ({gb(_on_device(option.estimate, cap))} GB per rank)"
 
     def fits_at(trial: DictConfig, trial_shape: ModelShape, n: int) -> bool:
         trial_cap = cap if n == ranks else capacity(trial, n, local_gpus)
@@ -263,11 +269,11 @@ def check_fit(cfg: DictConfig, world: int, nodes: int, shape: ModelShape, local_
         keep = _keep_effective_batch(cfg, option, world)
         cfg.strategy = strategy_node(option.strategy, cfg.strategy)
         cfg.trainer.micro_batch_size = option.micro_batch_size
-        reasons.append(f"picked {option.strategy}" + keep + f": {_on_device(option.estimate, cap) / GB:.1f} GB per rank")
+        reasons.append(f"picked {option.strategy}" + keep + f": {gb(_on_device(option.estimate, cap))} GB per rank")
     fit = Fit(estimate_for(cfg, world, nodes, shape), cap, reasons)
     if not fit.fits and refuse and not cfg.launcher.force:
         option, _ = search(cfg, world, nodes, shape, cap, has_gpus)
-        advice = (f"use {option.overrides(cfg)} ({_on_device(option.estimate, cap) / GB:.1f} GB per rank)" if option
+        advice = (f"use {option.overrides(cfg)} ({gb(_on_device(option.estimate, cap))} GB per rank)" if option
                   else _more_nodes_advice(cfg, world, nodes, shape, cap, has_gpus, ranks or world,
                                           local_gpus))
         raise ConfigError(

@@ -170,3 +170,11 @@ def test_rope_tables_sized_by_max_seq_len_are_in_the_estimate() -> None:
     short, long = planned(64), planned(100_000)
     assert long[0] - short[0] == long[2] - short[2] > 6e6  # the tables' bytes, counted
     assert long[1] == short[1]
+
+
+def test_a_share_under_a_tenth_of_a_gb_is_not_written_0_0() -> None:
+    """The re-trial of issue 48: local.nproc=1000 read '1.0 GB per rank > 0.0 GB (this host's available memory /
+    1000 local rank(s))'."""
+    from launcher.plan.fit import GB, gb
+
+    assert gb(0.023 * GB) == "0.023" and gb(10.74 * GB) == "10.7" and gb(0) == "0.0" and gb(0.1 * GB) == "0.1"
