@@ -37,6 +37,7 @@ def search_figure(s: Summary, name: str) -> Figure:
         if r.state == "pruned":
             ax.plot([steps[-1]], [r.values[steps[-1]]], marker="x", color=line.get_color(), markersize=9)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 2.5, 7.5 ... on a short trial
     ax.set_ylabel(s.metric)
     ax.set_title(f"{name}: {s.metric} per trial (x: pruned)")
     finite = [v for r in s.trials for v in r.values.values() if math.isfinite(v)]

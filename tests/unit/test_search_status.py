@@ -205,3 +205,4 @@ def test_search_png_of_a_search_with_no_best_says_why_and_draws_no_ticks(tmp_pat
     note = " ".join(t.get_text() for t in ax_best.texts)
     assert "no trial completed with a finite val/val/loss" in note and "3 pruned" in note, note
     assert _labels(ax_best.xaxis) == [] and _labels(ax_best.yaxis) == []
+    assert all(float(t).is_integer() for t in _labels(ax.xaxis)), _labels(ax.xaxis)  # no 2.5, 7.5 ... steps
