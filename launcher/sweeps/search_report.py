@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contract.search import layout
-from launcher.sweeps.search_status import Summary, collect
+from launcher.sweeps.search_status import Summary, collect, how_trials_ended
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -80,10 +79,9 @@ def search_figure(s: Summary, name: str) -> Figure:
 
 def _why_empty(s: Summary) -> str:
     """The best-so-far panel's note while it has nothing to draw: the search goes on, or how its trials ended."""
-    counts = Counter(r.state for r in s.trials)
-    if not s.trials or set(counts) - {"complete", "pruned", "failed"}:
+    ended = how_trials_ended(s) if s.trials else None
+    if ended is None:
         return "no trial complete yet"
-    ended = ", ".join(f"{n} {state}" for state, n in counts.items())
     return f"no trial completed with a finite {s.metric}\n({ended}): no best"
 
 

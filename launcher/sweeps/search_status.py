@@ -155,15 +155,23 @@ def total(s: Summary) -> dict[str, Any]:
             "steps_all_trials": s.steps_all}
 
 
+def how_trials_ended(s: Summary) -> str | None:
+    """How every trial ended ('3 pruned, 1 failed'); None while one still trains, waits or will resume."""
+    counts = Counter(r.state for r in s.trials)
+    if set(counts) - {"complete", "pruned", "failed"}:
+        return None
+    return ", ".join(f"{n} {state}" for state, n in counts.items())
+
+
 def no_best(s: Summary) -> str:
     """Why there is no best: no trial complete yet while some still train or will resume; else how every trial ended
     and what to change (every one pruned: the pruner or the space; failed: their reasons)."""
     counts = Counter(r.state for r in s.trials)
     if not s.trials:
         return "no trial was trained (the budget was spent before the first)"
-    if set(counts) - {"complete", "pruned", "failed"}:
+    ended = how_trials_ended(s)
+    if ended is None:
         return "no trial complete yet"
-    ended = ", ".join(f"{n} {state}" for state, n in counts.items())
     said = f"no trial completed with a finite {s.metric} ({ended}): there is no best"
     loosen = "widen the space, or loosen search.pruner (search.min_improvement=0 turns off the step-0 rule)"
     if counts.get("pruned") == len(s.trials):
